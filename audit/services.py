@@ -1,0 +1,64 @@
+"""Writing audit events. Callers pass the actor and run inside the transaction of the change."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+
+from .models import AuditEvent
+
+import json
+
+
+@dataclass(frozen=True)
+class Actor:
+    type: str
+    id: str
+    name: str
+
+    @classmethod
+    def for_user(cls, user: Any) -> Actor:
+        if user is None or not getattr(user, "is_authenticated", False):
+            return cls(type=AuditEvent.ActorType.USER, id="", name="anonymous")
+        return cls(type=AuditEvent.ActorType.USER, id=str(user.pk), name=user.get_username())
+
+    @classmethod
+    def service(cls, name: str) -> Actor:
+        return cls(type=AuditEvent.ActorType.SERVICE, id="", name=name)
+
+
+ENGINE = Actor.service("engine")
+
+
+def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
+    # Decimals and datetimes become strings exactly as written (no float rounding of money).
+    return json.loads(json.dumps(payload, cls=DjangoJSONEncoder))
+
+
+def event_record(
+    *,
+    actor: Actor,
+    action: str,
+    obj: Any,
+    payload: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+    correlation_id: uuid.UUID | None = None,
+) -> AuditEvent:
+    """Append one event. Must run inside the transaction that makes the change it describes."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("audit events must be written inside the transaction of the change")
+    return AuditEvent.objects.create(
+        actor_type=actor.type,
+        actor_id=actor.id,
+        actor_name=actor.name,
+        action=action,
+        object_type=obj._meta.model_name,
+        object_id=str(obj.pk),
+        task_id=task_id,
+        correlation_id=correlation_id,
+        payload=_jsonable(payload or {}),
+    )

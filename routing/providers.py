@@ -1,0 +1,165 @@
+"""Every model call goes through litellm: one code path for hosted APIs, vLLM and the replay pool.
+
+`replay/<model>` is a litellm custom provider answering from recorded outcomes of real models.
+Errors are classified once, here, into the statuses an Attempt records.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import litellm
+from django.conf import settings
+from litellm.llms.custom_llm import CustomLLM, CustomLLMError
+from litellm.types.utils import ModelResponse
+from litellm.utils import custom_llm_setup
+
+from . import replay
+from .models import Attempt
+
+REPLAY_PROVIDER = "replay"
+
+
+class ReplayProvider(CustomLLM):
+    """Answers a benchmark item with the response the named model really gave."""
+
+    def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
+        litellm_params = kwargs.get("litellm_params") or {}
+        metadata = litellm_params.get("metadata") or {}
+        texts = [m.get("content") or "" for m in messages if isinstance(m.get("content"), str)]
+        item = replay.find_item(item_id=metadata.get("replay_item"), texts=texts)
+        if item is None:
+            raise CustomLLMError(status_code=404, message="no recorded item matches this request")
+        outcome = item.outcomes.get(model)
+        if outcome is None:
+            raise CustomLLMError(status_code=404, message=f"no recorded outcome of {model} for {item.id}")
+        delay = settings.CONDUCTOR_REPLAY_LATENCY_S
+        if delay:
+            time.sleep(delay)
+        sent_tokens = litellm.token_counter(model="gpt-4o", messages=messages)
+        # The recorded prompt is the benchmark's; context added by a workflow makes it longer.
+        prompt_tokens = max(int(outcome["prompt_tokens"]), sent_tokens)
+        completion_tokens = int(outcome["completion_tokens"])
+        model_response: ModelResponse = kwargs["model_response"]
+        model_response.model = f"{REPLAY_PROVIDER}/{model}"
+        model_response.choices[0].message.content = replay.response_text(outcome["response"])  # type: ignore[union-attr]
+        model_response.usage = litellm.Usage(  # type: ignore[attr-defined]
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        model_response.id = f"replay-{uuid.uuid4().hex[:12]}"
+        return model_response
+
+
+_replay_provider = ReplayProvider()
+
+
+def register_litellm_providers() -> None:
+    if not any(p.get("provider") == REPLAY_PROVIDER for p in litellm.custom_provider_map):
+        litellm.custom_provider_map.append({"provider": REPLAY_PROVIDER, "custom_handler": _replay_provider})
+        custom_llm_setup()
+    litellm.suppress_debug_info = True
+    litellm.drop_params = True  # a provider that lacks an optional parameter ignores it
+
+
+@dataclass
+class Completion:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    request_id: str
+    raw: Any = field(repr=False, default=None)
+
+
+class ProviderCallError(Exception):
+    def __init__(self, status: str, message: str, *, http_status: int | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.http_status = http_status
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in {Attempt.Status.TIMEOUT, Attempt.Status.RATE_LIMITED, Attempt.Status.SERVER_ERROR}
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    value = headers.get("retry-after") if hasattr(headers, "get") else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def classify(exc: Exception) -> ProviderCallError:
+    status_code = getattr(exc, "status_code", None)
+    message = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+    message = message[:2000]
+    if isinstance(exc, litellm.Timeout) or status_code == 408:
+        return ProviderCallError(Attempt.Status.TIMEOUT, message, http_status=status_code)
+    if isinstance(exc, litellm.RateLimitError) or status_code == 429:
+        return ProviderCallError(Attempt.Status.RATE_LIMITED, message, http_status=429, retry_after=_retry_after(exc))
+    if isinstance(exc, litellm.APIConnectionError) and not status_code:
+        return ProviderCallError(Attempt.Status.SERVER_ERROR, message)
+    if isinstance(status_code, int) and status_code >= 500:
+        return ProviderCallError(Attempt.Status.SERVER_ERROR, message, http_status=status_code)
+    if isinstance(status_code, int) and 400 <= status_code < 500:
+        return ProviderCallError(Attempt.Status.CLIENT_ERROR, message, http_status=status_code)
+    return ProviderCallError(Attempt.Status.ERROR, message, http_status=status_code if isinstance(status_code, int) else None)
+
+
+def complete(
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    api_base: str = "",
+    api_key: str | None = None,
+    timeout: float | None = None,
+    metadata: dict[str, Any] | None = None,
+    **params: Any,
+) -> Completion:
+    """One provider call, no retries (the engine retries so that each attempt is recorded)."""
+    try:
+        response = litellm.completion(
+            model=model,
+            messages=messages,
+            api_base=api_base or None,
+            api_key=api_key,
+            timeout=timeout or settings.CONDUCTOR_PROVIDER_TIMEOUT_S,
+            num_retries=0,
+            max_retries=0,
+            metadata=metadata or {},
+            **params,
+        )
+    except Exception as exc:  # litellm maps every provider failure onto its exception types
+        raise classify(exc) from exc
+    choice = response.choices[0]
+    text = choice.message.content or ""
+    usage = getattr(response, "usage", None)
+    return Completion(
+        text=text,
+        input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        request_id=str(getattr(response, "id", "") or ""),
+        raw=response,
+    )
+
+
+def litellm_price_per_mtok(model: str) -> tuple[str, str] | None:
+    """Input and output USD per 1M tokens from litellm's local cost map, as decimal strings."""
+    info = litellm.model_cost.get(model) or litellm.model_cost.get(model.split("/", 1)[-1])
+    if not info or info.get("input_cost_per_token") is None:
+        return None
+    from decimal import Decimal
+
+    per_m = Decimal(1_000_000)
+    return (
+        str((Decimal(str(info["input_cost_per_token"])) * per_m).normalize()),
+        str((Decimal(str(info.get("output_cost_per_token") or 0)) * per_m).normalize()),
+    )

@@ -1,0 +1,39 @@
+"""Reads for the routing app."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch, QuerySet
+
+from .models import Attempt, Decision, Run, Step, Task, Worker
+
+
+def task_list(*, status: str | None = None, classification: str | None = None, search: str | None = None) -> QuerySet[Task]:
+    qs = Task.objects.all()
+    if status:
+        qs = qs.filter(status=status)
+    if classification:
+        qs = qs.filter(classification=classification)
+    if search:
+        qs = qs.filter(text__icontains=search)
+    return qs.defer("final_answer")
+
+
+def run_detail_queryset() -> QuerySet[Run]:
+    return Run.objects.select_related("conductor_version", "task").prefetch_related(
+        Prefetch("decisions", queryset=Decision.objects.order_by("depth", "id")),
+        Prefetch(
+            "steps",
+            queryset=Step.objects.select_related("worker").prefetch_related(
+                Prefetch("attempts", queryset=Attempt.objects.order_by("number"))
+            ),
+        ),
+    )
+
+
+def task_detail(*, task_id) -> Task:
+    return Task.objects.prefetch_related(Prefetch("runs", queryset=run_detail_queryset())).get(pk=task_id)
+
+
+def worker_list(*, enabled_only: bool = False) -> QuerySet[Worker]:
+    qs = Worker.objects.all()
+    return qs.filter(enabled=True) if enabled_only else qs

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from training.scorers import SCORER_CHOICES
+
+from .models import Attempt, ConductorVersion, DataClass, Decision, Run, Step, Task, Worker
+from .plans import MAX_STEPS
+
+
+class TaskSubmitInput(serializers.Serializer):
+    text = serializers.CharField(trim_whitespace=False, allow_blank=False)
+    reference = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    classification = serializers.ChoiceField(choices=DataClass.choices, default=DataClass.INTERNAL)
+    max_steps = serializers.IntegerField(required=False, min_value=1, max_value=MAX_STEPS * 20)
+    max_depth = serializers.IntegerField(required=False, min_value=0, max_value=5)
+    max_usd = serializers.DecimalField(
+        required=False, max_digits=20, decimal_places=10, min_value=Decimal("0"), max_value=Decimal("100000")
+    )
+    idempotency_key = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200)
+    scorer = serializers.ChoiceField(choices=SCORER_CHOICES, default="auto")
+    domain = serializers.CharField(required=False, allow_blank=True, max_length=40, default="")
+
+
+class AttemptOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Attempt
+        fields = [
+            "number", "status", "http_status", "error", "input_tokens", "output_tokens", "cost_usd",
+            "latency_ms", "provider_request_id", "started_at", "finished_at",
+        ]
+
+
+class StepOutput(serializers.ModelSerializer):
+    attempts = AttemptOutput(many=True, read_only=True)
+
+    class Meta:
+        model = Step
+        fields = [
+            "id", "decision", "index", "depth", "worker_slug", "vendor", "instruction", "access", "status",
+            "messages_sent", "response", "note", "error", "cost_usd", "input_tokens", "output_tokens",
+            "latency_ms", "started_at", "finished_at", "attempts",
+        ]
+
+
+class DecisionOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Decision
+        fields = [
+            "id", "parent_step", "depth", "attempt", "backend", "version_name", "raw_output", "plan", "valid",
+            "error", "alternatives", "input_tokens", "output_tokens", "cost_usd", "latency_ms", "created_at",
+        ]
+
+
+class RunOutput(serializers.ModelSerializer):
+    conductor = serializers.CharField(source="conductor_version.name")
+    decisions = DecisionOutput(many=True, read_only=True)
+    steps = StepOutput(many=True, read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "kind", "status", "conductor", "correlation_id", "deliveries", "final_answer", "score",
+            "stop_reason", "error", "cost_usd", "input_tokens", "output_tokens", "created_at", "started_at",
+            "finished_at", "decisions", "steps",
+        ]
+
+
+class TaskListOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Task
+        fields = [
+            "id", "text", "classification", "status", "score", "cost_usd", "input_tokens", "output_tokens",
+            "domain", "source", "created_at", "finished_at",
+        ]
+
+
+class TaskDetailOutput(serializers.ModelSerializer):
+    runs = RunOutput(many=True, read_only=True)
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "text", "reference", "scorer", "domain", "source_item", "classification", "max_steps",
+            "max_depth", "max_usd", "idempotency_key", "source", "status", "final_answer", "score", "error",
+            "cost_usd", "input_tokens", "output_tokens", "created_at", "finished_at", "runs",
+        ]
+
+
+class WorkerOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Worker
+        fields = [
+            "slug", "display_name", "litellm_model", "vendor", "region", "self_hosted", "input_usd_per_mtok",
+            "output_usd_per_mtok", "price_source", "context_window", "enabled", "data_classes", "description",
+        ]
+
+
+class ConductorVersionOutput(serializers.ModelSerializer):
+    class Meta:
+        model = ConductorVersion
+        fields = ["name", "backend", "is_active", "created_at", "notes"]

@@ -1,0 +1,178 @@
+"""Writes for the routing app: each is one transaction with its audit event; side effects on commit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from audit.services import Actor, event_record
+
+from .models import ConductorVersion, DataClass, Run, Task, Worker
+from .conductors import DEFAULT_STATIC_RULES
+
+
+class SubmissionError(ValueError):
+    """The submission cannot be accepted; the message says why."""
+
+
+class IdempotencyConflict(SubmissionError):
+    """The idempotency key was used before for a different task."""
+
+
+@dataclass(frozen=True)
+class TaskSubmission:
+    text: str
+    reference: str | None = None
+    classification: str = DataClass.INTERNAL
+    max_steps: int | None = None
+    max_depth: int | None = None
+    max_usd: Decimal | None = None
+    idempotency_key: str | None = None
+    domain: str = ""
+    source_item: str = ""
+    scorer: str = "auto"
+
+
+def _check_text(text: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise SubmissionError("the task text is empty")
+    if "\x00" in text:
+        raise SubmissionError("the task text contains a NUL character, which cannot be stored")
+    if len(text) > settings.CONDUCTOR_MAX_TASK_CHARS:
+        raise SubmissionError(
+            f"the task text has {len(text)} characters; at most {settings.CONDUCTOR_MAX_TASK_CHARS} are accepted"
+        )
+    return text
+
+
+def conductor_active() -> ConductorVersion:
+    """The active conductor version; the static baseline is created and activated on first use."""
+    active = ConductorVersion.objects.filter(is_active=True).first()
+    if active is not None:
+        return active
+    with transaction.atomic():
+        version, created = ConductorVersion.objects.get_or_create(
+            name="static-v1",
+            defaults={"backend": ConductorVersion.Backend.STATIC, "config": DEFAULT_STATIC_RULES, "is_active": True},
+        )
+        if created:
+            event_record(
+                actor=Actor.service("setup"),
+                action="conductor.activated",
+                obj=version,
+                payload={"name": version.name, "backend": version.backend, "reason": "no active conductor"},
+            )
+    return ConductorVersion.objects.get(is_active=True)
+
+
+def conductor_activate(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
+    with transaction.atomic():
+        previous = ConductorVersion.objects.select_for_update().filter(is_active=True).first()
+        if previous is not None and previous.pk != version.pk:
+            ConductorVersion.objects.filter(pk=previous.pk).update(is_active=False)
+        ConductorVersion.objects.filter(pk=version.pk).update(is_active=True)
+        event_record(
+            actor=actor,
+            action="conductor.activated",
+            obj=version,
+            payload={"name": version.name, "backend": version.backend, "previous": previous.name if previous else None},
+        )
+    version.refresh_from_db()
+    return version
+
+
+def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) -> tuple[Task, bool]:
+    """Store a task and its live run, then queue the run. Returns (task, created).
+
+    The same idempotency key gives back the task it first created; with a different text it is refused.
+    """
+    text = _check_text(submission.text)
+    if submission.classification not in DataClass.values:
+        raise SubmissionError(f"unknown classification {submission.classification!r}; one of {DataClass.values}")
+    max_usd = settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
+    if max_usd < 0:
+        raise SubmissionError("max_usd must not be negative")
+    key = submission.idempotency_key or None
+    if key is not None:
+        existing = Task.objects.filter(idempotency_key=key).first()
+        if existing is not None:
+            return _same_or_conflict(existing, text), False
+    conductor = conductor_active()
+    actor = Actor.for_user(user) if user is not None else Actor.service(f"{source}-submit")
+    try:
+        with transaction.atomic():
+            task = Task.objects.create(
+                text=text,
+                reference=submission.reference,
+                scorer=submission.scorer,
+                domain=submission.domain,
+                source_item=submission.source_item,
+                classification=submission.classification,
+                max_steps=submission.max_steps or settings.CONDUCTOR_DEFAULT_MAX_STEPS,
+                max_depth=settings.CONDUCTOR_DEFAULT_MAX_DEPTH if submission.max_depth is None else submission.max_depth,
+                max_usd=max_usd,
+                idempotency_key=key,
+                source=source,
+                submitted_by=user if getattr(user, "is_authenticated", False) else None,
+            )
+            run = Run.objects.create(task=task, conductor_version=conductor)
+            event_record(
+                actor=actor,
+                action="task.submitted",
+                obj=task,
+                task_id=task.id,
+                correlation_id=run.correlation_id,
+                payload={
+                    "source": source,
+                    "classification": task.classification,
+                    "chars": len(text),
+                    "has_reference": task.reference is not None,
+                    "budgets": {"max_steps": task.max_steps, "max_depth": task.max_depth, "max_usd": task.max_usd},
+                    "run_id": run.pk,
+                    "conductor": conductor.name,
+                },
+            )
+            transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
+    except IntegrityError:
+        if key is None:
+            raise
+        # A concurrent request with the same key won the race: return its task.
+        return _same_or_conflict(Task.objects.get(idempotency_key=key), text), False
+    return task, True
+
+
+def _same_or_conflict(existing: Task, text: str) -> Task:
+    if existing.text != text:
+        raise IdempotencyConflict("this idempotency key was already used for a different task")
+    return existing
+
+
+def run_enqueue(*, run_id: int) -> None:
+    from .tasks import run_workflow
+
+    run_workflow.delay(run_id)
+
+
+def worker_upsert(*, slug: str, fields: dict[str, Any], actor: Actor) -> tuple[Worker, bool]:
+    with transaction.atomic():
+        worker, created = Worker.objects.select_for_update().get_or_create(slug=slug, defaults=fields)
+        changed = {}
+        if not created:
+            for name, value in fields.items():
+                if getattr(worker, name) != value:
+                    changed[name] = {"from": getattr(worker, name), "to": value}
+                    setattr(worker, name, value)
+            if changed:
+                worker.save()
+        if created or changed:
+            event_record(
+                actor=actor,
+                action="worker.registered" if created else "worker.updated",
+                obj=worker,
+                payload={"slug": slug, "fields": fields if created else changed},
+            )
+    return worker, created

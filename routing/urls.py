@@ -1,0 +1,12 @@
+from django.urls import path
+
+from . import views
+
+app_name = "routing"
+
+urlpatterns = [
+    path("", views.task_list, name="task-list"),
+    path("tasks/new/", views.task_submit_view, name="task-submit"),
+    path("tasks/<uuid:task_id>/", views.task_detail, name="task-detail"),
+    path("workers/", views.worker_list, name="worker-list"),
+]

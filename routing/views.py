@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.dateparse import parse_datetime
+
+from . import selectors
+from .forms import TaskSubmitForm
+from .models import DataClass, RunStatus, Task
+from .services import SubmissionError, TaskSubmission, task_submit
+
+PAGE_SIZE = 50
+
+
+@login_required
+def task_list(request: HttpRequest) -> HttpResponse:
+    status = request.GET.get("status") or None
+    classification = request.GET.get("classification") or None
+    search = (request.GET.get("q") or "").strip() or None
+    qs = selectors.task_list(status=status, classification=classification, search=search).order_by("-created_at", "-id")
+    before = parse_datetime(request.GET.get("before", "")) if request.GET.get("before") else None
+    if before is not None:
+        qs = qs.filter(created_at__lt=before)  # keyset pagination on the created_at index
+    tasks = list(qs[: PAGE_SIZE + 1])
+    next_before = tasks[PAGE_SIZE - 1].created_at.isoformat() if len(tasks) > PAGE_SIZE else None
+    return render(
+        request,
+        "routing/task_list.html",
+        {
+            "tasks": tasks[:PAGE_SIZE],
+            "next_before": next_before,
+            "statuses": RunStatus.choices,
+            "classes": DataClass.choices,
+            "filters": {"status": status or "", "classification": classification or "", "q": search or ""},
+        },
+    )
+
+
+@login_required
+def task_submit_view(request: HttpRequest) -> HttpResponse:
+    form = TaskSubmitForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        data["reference"] = data.get("reference") or None
+        data["idempotency_key"] = data.get("idempotency_key") or None
+        try:
+            task, created = task_submit(submission=TaskSubmission(**data), source=Task.Source.WEB, user=request.user)
+        except SubmissionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            if not created:
+                messages.info(request, "A task with this idempotency key already exists; showing it.")
+            return redirect("routing:task-detail", task_id=task.pk)
+    return render(request, "routing/task_submit.html", {"form": form})
+
+
+@login_required
+def task_detail(request: HttpRequest, task_id) -> HttpResponse:
+    try:
+        task = selectors.task_detail(task_id=task_id)
+    except Task.DoesNotExist as exc:
+        raise Http404("No such task") from exc
+    runs = list(task.runs.all())
+    return render(request, "routing/task_detail.html", {"task": task, "runs": runs})
+
+
+@login_required
+def worker_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "routing/worker_list.html", {"workers": selectors.worker_list()})
