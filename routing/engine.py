@@ -431,7 +431,7 @@ def _check_cost_budget(run: Run, step: Step) -> None:
 
 def _backoff(attempt_number: int, retry_after: float | None) -> float:
     if retry_after is not None:
-        return min(retry_after, settings.CONDUCTOR_RETRY_BACKOFF_MAX_S)
+        return min(retry_after, settings.CONDUCTOR_RETRY_AFTER_MAX_S)  # the provider said how long
     base = settings.CONDUCTOR_RETRY_BACKOFF_S * (2 ** (attempt_number - 1))
     return min(base, settings.CONDUCTOR_RETRY_BACKOFF_MAX_S) * (0.5 + random.random() / 2)
 

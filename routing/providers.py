@@ -88,13 +88,15 @@ class ProviderCallError(Exception):
 
 
 def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
-    value = headers.get("retry-after") if hasattr(headers, "get") else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    """Seconds from a Retry-After header (litellm keeps the provider's headers on the exception)."""
+    for headers in (getattr(exc, "litellm_response_headers", None), getattr(getattr(exc, "response", None), "headers", None)):
+        value = headers.get("retry-after") if hasattr(headers, "get") else None
+        if value is not None:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return None  # an HTTP date: fall back to exponential backoff
+    return None
 
 
 def classify(exc: Exception) -> ProviderCallError:

@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.openai_server import OpenAIServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(settings):
+    settings.CONDUCTOR_RETRY_BACKOFF_S = 0.01
+    settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0.05
+
+
+@pytest.fixture
+def openai_server() -> Iterator[OpenAIServer]:
+    server = OpenAIServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_pool(openai_server):
+    """Three workers of two vendors and an LLM conductor, all served by the loopback server."""
+    from routing.models import ConductorVersion, Worker
+
+    workers = {}
+    for slug, vendor, price_in, price_out in (
+        ("alpha", "acme", "1.00", "2.00"),
+        ("beta", "acme", "0.50", "1.50"),
+        ("gamma", "globex", "3.00", "15.00"),
+    ):
+        workers[slug] = Worker.objects.create(
+            slug=slug,
+            display_name=slug.title(),
+            litellm_model=f"openai/{slug}",
+            api_base=openai_server.base_url,
+            vendor=vendor,
+            input_usd_per_mtok=Decimal(price_in),
+            output_usd_per_mtok=Decimal(price_out),
+            price_source=Worker.PriceSource.OVERRIDE,
+        )
+    ConductorVersion.objects.update(is_active=False)
+    conductor = ConductorVersion.objects.create(
+        name="llm-test",
+        backend=ConductorVersion.Backend.LLM,
+        is_active=True,
+        config={
+            "model": "hosted_vllm/conductor",
+            "api_base": openai_server.base_url,
+            "input_usd_per_mtok": "0.10",
+            "output_usd_per_mtok": "0.20",
+        },
+    )
+    return {"workers": workers, "conductor": conductor, "server": openai_server}
+
+
+@pytest.fixture
+def replay_pool(db):
+    from django.core.management import call_command
+
+    call_command("load_replay_pool", verbosity=0, stdout=open(os.devnull, "w"))
+
+
+def database_url() -> str:
+    from django.db import connection
+
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "")
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{s['NAME']}?host={quote(host)}"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{s['NAME']}"
+
+
+def clear_queues() -> None:
+    from conductor_web.celery import app
+
+    with app.connection_for_write() as conn:
+        for queue in (app.conf.task_default_queue,):
+            try:
+                conn.default_channel.queue_purge(queue)
+            except Exception:  # noqa: BLE001, S110 - the queue may not exist yet
+                pass
+
+
+class WorkerProcess:
+    """A real `celery worker` process against the test database and broker."""
+
+    def __init__(self, name: str, env: dict[str, str]):
+        self.name = name
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "conductor_web", "worker",
+                "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
+                "--hostname", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            ],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if " ready." in line:
+                self.ready.set()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        if not self.ready.wait(timeout):
+            raise AssertionError(f"celery worker {self.name} did not start:\n" + "".join(self.lines[-40:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def celery_workers(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real worker processes: `start("w1")`. They are stopped after the test."""
+    from django.conf import settings
+
+    clear_queues()
+    started: list[WorkerProcess] = []
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "CONDUCTOR_RETRY_BACKOFF_S": "0.05",
+        "CONDUCTOR_RETRY_BACKOFF_MAX_S": "0.2",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+    def start(name: str = "w1", **extra_env: str) -> WorkerProcess:
+        worker = WorkerProcess(name, {**env, **extra_env})
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+    clear_queues()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

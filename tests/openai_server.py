@@ -1,0 +1,165 @@
+"""A real HTTP server on loopback that speaks the OpenAI chat-completions protocol.
+
+Tests program its replies per model: a list of Reply objects served in order (the last one repeats),
+or a function of the request. Every request is recorded with its arrival and reply times, so tests
+can see what was sent, how often, and whether calls overlapped.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    content: str = "ok"
+    status: int = 200
+    delay_s: float = 0.0
+    prompt_tokens: int = 10
+    completion_tokens: int = 5
+    headers: dict[str, str] = field(default_factory=dict)
+    logprobs: list[dict[str, Any]] | None = None
+    raw_body: bytes | None = None  # send these bytes instead of a completion
+
+
+@dataclass
+class Recorded:
+    model: str
+    body: dict[str, Any]
+    started: float
+    finished: float = 0.0
+    status: int = 0
+
+    @property
+    def user_text(self) -> str:
+        return "\n".join(m.get("content") or "" for m in self.body.get("messages", []) if m.get("role") == "user")
+
+
+Program = list[Reply] | Callable[[dict[str, Any]], Reply]
+
+
+class OpenAIServer:
+    def __init__(self) -> None:
+        self.programs: dict[str, Program] = {}
+        self.served: dict[str, int] = {}
+        self.requests: list[Recorded] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in server.programs]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                record = Recorded(model=body.get("model", ""), body=body, started=time.monotonic())
+                with server.lock:
+                    server.requests.append(record)
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": "unknown path"}})
+                    return
+                reply = server.next_reply(record.model, body)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                record.status = reply.status
+                record.finished = time.monotonic()
+                try:
+                    if reply.raw_body is not None:
+                        self._send_bytes(reply.status, reply.raw_body, reply.headers)
+                    elif reply.status != 200:
+                        self._send(reply.status, {"error": {"message": f"scripted {reply.status}", "type": "server_error"}}, reply.headers)
+                    else:
+                        self._send(200, completion_body(record.model, reply), reply.headers)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test)
+
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                self._send_bytes(status, json.dumps(payload).encode(), headers)
+
+            def _send_bytes(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> OpenAIServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def program(self, model: str, program: Program) -> None:
+        with self.lock:
+            self.programs[model] = program
+            self.served[model] = 0
+
+    def next_reply(self, model: str, body: dict[str, Any]) -> Reply:
+        with self.lock:
+            program = self.programs.get(model)
+            if program is None:
+                return Reply(status=404, content=f"unknown model {model}")
+            if callable(program):
+                return program(body)
+            index = min(self.served[model], len(program) - 1)
+            self.served[model] += 1
+            return program[index]
+
+    def requests_for(self, model: str) -> list[Recorded]:
+        with self.lock:
+            return [r for r in self.requests if r.model == model]
+
+
+def completion_body(model: str, reply: Reply) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": reply.content},
+        "finish_reason": "stop",
+    }
+    if reply.logprobs is not None:
+        choice["logprobs"] = {"content": reply.logprobs}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        },
+    }
+
+
+def plan_json(*steps: tuple[str, str, Any], thought: str = "test plan") -> str:
+    return json.dumps({"thought": thought, "steps": [{"worker": w, "instruction": i, "access": a} for w, i, a in steps]})
