@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -10,8 +11,6 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 
 from .models import AuditEvent
-
-import json
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,15 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         data = TaskSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        values["idempotency_key"] = values.get("idempotency_key") or request.headers.get("Idempotency-Key") or None
+        values["idempotency_key"] = (
+            values.get("idempotency_key") or request.headers.get("Idempotency-Key") or None
+        )
         if values.get("reference") == "":
             values["reference"] = None
         try:
-            task, created = task_submit(submission=TaskSubmission(**values), source=Task.Source.API, user=request.user)
+            task, created = task_submit(
+                submission=TaskSubmission(**values), source=Task.Source.API, user=request.user
+            )
         except IdempotencyConflict as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         except SubmissionError as exc:

@@ -30,7 +30,13 @@ class WorkerCard:
 
     @classmethod
     def of(cls, worker: Worker) -> WorkerCard:
-        return cls(worker.slug, worker.vendor, worker.description, worker.input_usd_per_mtok, worker.output_usd_per_mtok)
+        return cls(
+            worker.slug,
+            worker.vendor,
+            worker.description,
+            worker.input_usd_per_mtok,
+            worker.output_usd_per_mtok,
+        )
 
 
 @dataclass(frozen=True)
@@ -120,22 +126,38 @@ class StaticConductor:
         if "min_chars" in when and len(request.task_text) < when["min_chars"]:
             return False
         allowed = set(request.allowed_slugs)
-        return all(step["worker"] in allowed for step in rule["steps"]) and len(rule["steps"]) <= request.max_steps
+        return (
+            all(step["worker"] in allowed for step in rule["steps"])
+            and len(rule["steps"]) <= request.max_steps
+        )
 
     def propose(self, request: PlanRequest) -> Proposal:
         started = time.monotonic()
         if request.is_inner:
-            plan: dict[str, Any] = {"thought": "static rules never expand a step; pass the response through", "steps": []}
+            plan: dict[str, Any] = {
+                "thought": "static rules never expand a step; pass the response through",
+                "steps": [],
+            }
         else:
             rule = next((r for r in self.rules if self._matches(r, request)), None)
             if rule is None:
-                cheapest = min(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok, default=None)
-                steps = [] if cheapest is None else [{"worker": cheapest.slug, "instruction": "{task}", "access": []}]
-                plan = {"thought": "no rule matched the allowed pool; cheapest allowed worker", "steps": steps}
+                cheapest = min(
+                    request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok, default=None
+                )
+                steps = (
+                    []
+                    if cheapest is None
+                    else [{"worker": cheapest.slug, "instruction": "{task}", "access": []}]
+                )
+                plan = {
+                    "thought": "no rule matched the allowed pool; cheapest allowed worker",
+                    "steps": steps,
+                }
             else:
                 plan = {"thought": f"rule {rule['name']}", "steps": rule["steps"]}
             plan["steps"] = [
-                {**s, "instruction": s["instruction"].replace("{task}", request.task_text)} for s in plan["steps"]
+                {**s, "instruction": s["instruction"].replace("{task}", request.task_text)}
+                for s in plan["steps"]
             ]
         return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
 
@@ -169,7 +191,9 @@ FEW_SHOT = [
         "task": "What is 17 * 24?",
         "plan": {
             "thought": "Simple arithmetic; one cheap worker suffices.",
-            "steps": [{"worker": "{cheap}", "instruction": "Compute 17 * 24. End with the number.", "access": []}],
+            "steps": [
+                {"worker": "{cheap}", "instruction": "Compute 17 * 24. End with the number.", "access": []}
+            ],
         },
     },
     {
@@ -177,8 +201,16 @@ FEW_SHOT = [
         "plan": {
             "thought": "A strong worker writes the proof; a cheap one checks it.",
             "steps": [
-                {"worker": "{strong}", "instruction": "Prove that the sum of two odd integers is even, with a numeric example.", "access": []},
-                {"worker": "{cheap}", "instruction": "Check the proof above for errors and restate it correctly.", "access": "all"},
+                {
+                    "worker": "{strong}",
+                    "instruction": "Prove that the sum of two odd integers is even, with a numeric example.",
+                    "access": [],
+                },
+                {
+                    "worker": "{cheap}",
+                    "instruction": "Check the proof above for errors and restate it correctly.",
+                    "access": "all",
+                },
             ],
         },
     },
@@ -195,7 +227,9 @@ class LLMConductor:
         self.api_base = config.get("api_base", "")
         self.api_key_env = config.get("api_key_env", "")
         self.temperature = float(config.get("temperature", 0.0))
-        self.max_tokens = int(config.get("max_tokens", 1024))  # the paper caps conductor output at 1,024 tokens
+        self.max_tokens = int(
+            config.get("max_tokens", 1024)
+        )  # the paper caps conductor output at 1,024 tokens
         self.top_logprobs = int(config.get("top_logprobs", 5))
         self.input_usd_per_mtok = Decimal(str(config.get("input_usd_per_mtok", "0")))
         self.output_usd_per_mtok = Decimal(str(config.get("output_usd_per_mtok", "0")))
@@ -277,7 +311,11 @@ def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]
     is mapped to the worker names it begins.
     """
     try:
-        content = response.choices[0].logprobs["content"] if isinstance(response.choices[0].logprobs, dict) else response.choices[0].logprobs.content
+        content = (
+            response.choices[0].logprobs["content"]
+            if isinstance(response.choices[0].logprobs, dict)
+            else response.choices[0].logprobs.content
+        )
     except (AttributeError, IndexError, KeyError, TypeError):
         return []
     if not content:

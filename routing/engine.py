@@ -16,10 +16,11 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 from django.conf import settings
@@ -121,9 +122,13 @@ def _claim(run_id: int) -> Run | None:
         run.worker_pid = os.getpid()
         run.heartbeat_at = now
         run.started_at = run.started_at or now
-        run.save(update_fields=["status", "deliveries", "worker_host", "worker_pid", "heartbeat_at", "started_at"])
+        run.save(
+            update_fields=["status", "deliveries", "worker_host", "worker_pid", "heartbeat_at", "started_at"]
+        )
         # We hold the run's lock, so anything still marked in flight belongs to a process that died.
-        lost = list(Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step"))
+        lost = list(
+            Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
+        )
         for attempt in lost:
             attempt.status = Attempt.Status.LOST
             attempt.error = "the worker process was lost during this call; its outcome is unknown"
@@ -152,7 +157,9 @@ def _claim(run_id: int) -> Run | None:
 
 
 def _allowed_workers(task: Task) -> list[Worker]:
-    return list(Worker.objects.filter(enabled=True, data_classes__contains=[task.classification]).order_by("slug"))
+    return list(
+        Worker.objects.filter(enabled=True, data_classes__contains=[task.classification]).order_by("slug")
+    )
 
 
 def _steps_used(run: Run) -> int:
@@ -174,7 +181,9 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         )
     remaining = task.max_steps - _steps_used(run)
     if remaining <= 0:
-        raise RunStopped(f"step budget of {task.max_steps} reached before planning", stop_reason="step_budget")
+        raise RunStopped(
+            f"step budget of {task.max_steps} reached before planning", stop_reason="step_budget"
+        )
     parent_context: dict[str, Any] = {}
     if parent_step is not None:
         parent_context = {
@@ -198,7 +207,9 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         try:
             proposal = conductor.propose(request)
         except ProviderCallError as exc:
-            raise RunStopped(f"the conductor could not be reached: {exc}", stop_reason="conductor_unavailable") from exc
+            raise RunStopped(
+                f"the conductor could not be reached: {exc}", stop_reason="conductor_unavailable"
+            ) from exc
         except ConductorUnavailable as exc:
             raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
         plan: Plan | None = None
@@ -213,7 +224,13 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         except PlanError as exc:
             error = str(exc)
         decision = _record_decision(
-            run, parent_step=parent_step, depth=depth, attempt=tries, proposal=proposal, plan=plan, error=error,
+            run,
+            parent_step=parent_step,
+            depth=depth,
+            attempt=tries,
+            proposal=proposal,
+            plan=plan,
+            error=error,
             workers={w.slug: w for w in workers},
         )
         if plan is not None:
@@ -255,7 +272,12 @@ def _record_decision(
             cost_usd=proposal.cost_usd,
             latency_ms=proposal.latency_ms,
         )
-        _add_cost(run, cost=proposal.cost_usd, input_tokens=proposal.input_tokens, output_tokens=proposal.output_tokens)
+        _add_cost(
+            run,
+            cost=proposal.cost_usd,
+            input_tokens=proposal.input_tokens,
+            output_tokens=proposal.output_tokens,
+        )
         if plan is not None:
             Step.objects.bulk_create(
                 [
@@ -306,7 +328,9 @@ def _execute_plan(run: Run, decision: Decision) -> None:
     steps = {s.index: s for s in decision.steps.all()}
     done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
     in_flight: dict[Future[None], int] = {}
-    with ThreadPoolExecutor(max_workers=settings.CONDUCTOR_STEP_CONCURRENCY, thread_name_prefix=f"run{run.pk}") as pool:
+    with ThreadPoolExecutor(
+        max_workers=settings.CONDUCTOR_STEP_CONCURRENCY, thread_name_prefix=f"run{run.pk}"
+    ) as pool:
         first_error: RunStopped | None = None
         while True:
             if first_error is None:
@@ -376,7 +400,9 @@ def content_hash(value: Any) -> str:
 
 def _start_step(run: Run, step_id: int) -> Step | None:
     with transaction.atomic():
-        step = Step.objects.select_for_update(of=("self",)).select_related("worker", "decision").get(pk=step_id)
+        step = (
+            Step.objects.select_for_update(of=("self",)).select_related("worker", "decision").get(pk=step_id)
+        )
         if step.status == StepStatus.SUCCEEDED:
             return None
         visible = _visible_steps(step)
@@ -439,7 +465,9 @@ def _backoff(attempt_number: int, retry_after: float | None) -> float:
 def _call_worker(run: Run, step: Step) -> None:
     worker = step.worker
     if worker is None or not worker.enabled:
-        message = f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
+        message = (
+            f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
+        )
         _step_failed(run, step, message)
         raise RunStopped(message, stop_reason="unknown_worker")
     counted = step.attempts.exclude(status=Attempt.Status.LOST)
@@ -496,7 +524,9 @@ def _add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int)
     )
 
 
-def _attempt_failed(run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int) -> None:
+def _attempt_failed(
+    run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int
+) -> None:
     with transaction.atomic():
         attempt.status = exc.status
         attempt.http_status = exc.http_status
@@ -548,7 +578,9 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
             finished_at=now,
             error="",
         )
-        _add_cost(run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
+        _add_cost(
+            run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens
+        )
         event_record(
             actor=ENGINE,
             action="step.succeeded",
@@ -636,7 +668,12 @@ def _step_answered(run: Run, step: Step, *, response: str, note: str) -> None:
             obj=step,
             task_id=run.task_id,
             correlation_id=run.correlation_id,
-            payload={"index": step.index, "worker": CONDUCTOR_SLUG, "note": note, "response_sha256": content_hash(response)},
+            payload={
+                "index": step.index,
+                "worker": CONDUCTOR_SLUG,
+                "note": note,
+                "response_sha256": content_hash(response),
+            },
         )
 
 
@@ -651,11 +688,18 @@ def _finish(run: Run, root: Decision) -> None:
     score: float | None = None
     extracted = ""
     if task.reference is not None and task.reference != "":
-        score, extracted = scorers.score(response=final, reference=task.reference, scorer=task.scorer, domain=task.domain)
+        score, extracted = scorers.score(
+            response=final, reference=task.reference, scorer=task.scorer, domain=task.domain
+        )
     now = timezone.now()
     with transaction.atomic():
         Run.objects.filter(pk=run.pk).update(
-            status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, heartbeat_at=now, stop_reason=""
+            status=RunStatus.SUCCEEDED,
+            final_answer=final,
+            score=score,
+            finished_at=now,
+            heartbeat_at=now,
+            stop_reason="",
         )
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             Task.objects.filter(pk=task.pk).update(
@@ -686,7 +730,9 @@ def _fail(run: Run, message: str, stop_reason: str) -> None:
             status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
         )
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-            Task.objects.filter(pk=run.task_id).update(status=RunStatus.FAILED, error=message, finished_at=now)
+            Task.objects.filter(pk=run.task_id).update(
+                status=RunStatus.FAILED, error=message, finished_at=now
+            )
         event_record(
             actor=ENGINE,
             action="run.failed",

@@ -18,7 +18,10 @@ class TaskSubmitForm(forms.Form):
     max_steps = forms.IntegerField(min_value=1, max_value=100, initial=settings.CONDUCTOR_DEFAULT_MAX_STEPS)
     max_depth = forms.IntegerField(min_value=0, max_value=5, initial=settings.CONDUCTOR_DEFAULT_MAX_DEPTH)
     max_usd = forms.DecimalField(
-        min_value=Decimal("0"), max_digits=20, decimal_places=10, initial=settings.CONDUCTOR_DEFAULT_MAX_USD,
+        min_value=Decimal("0"),
+        max_digits=20,
+        decimal_places=10,
+        initial=settings.CONDUCTOR_DEFAULT_MAX_USD,
         label="Max USD",
     )
     idempotency_key = forms.CharField(required=False, max_length=200)

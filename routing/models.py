@@ -44,12 +44,16 @@ class Worker(models.Model):
 
     slug = models.CharField(max_length=80, unique=True, validators=[SLUG_VALIDATOR])
     display_name = models.CharField(max_length=120)
-    litellm_model = models.CharField(max_length=200, help_text="e.g. openai/gpt-4o-mini, replay/gpt-4o-mini-2024-07-18")
+    litellm_model = models.CharField(
+        max_length=200, help_text="e.g. openai/gpt-4o-mini, replay/gpt-4o-mini-2024-07-18"
+    )
     api_base = models.URLField(max_length=500, blank=True)
     api_key_env = models.CharField(
         max_length=100, blank=True, help_text="Name of the environment variable holding the API key"
     )
-    vendor = models.CharField(max_length=80, help_text="Who receives the data: openai, anthropic, self-hosted...")
+    vendor = models.CharField(
+        max_length=80, help_text="Who receives the data: openai, anthropic, self-hosted..."
+    )
     region = models.CharField(max_length=40, blank=True)
     self_hosted = models.BooleanField(default=False)
     input_usd_per_mtok = models.DecimalField(**USD)
@@ -96,7 +100,9 @@ class ConductorVersion(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["is_active"], condition=Q(is_active=True), name="one_active_conductor"),
+            models.UniqueConstraint(
+                fields=["is_active"], condition=Q(is_active=True), name="one_active_conductor"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -118,11 +124,13 @@ class Task(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     text = models.TextField()
-    reference = models.TextField(blank=True, null=True)
+    reference = models.TextField(blank=True, null=True)  # noqa: DJ001 - None means "no reference", unlike ""
     scorer = models.CharField(max_length=20, default="auto")
     domain = models.CharField(max_length=40, blank=True)
     source_item = models.CharField(
-        max_length=200, blank=True, help_text="Benchmark item id, when the task comes from a recorded data set"
+        max_length=200,
+        blank=True,
+        help_text="Benchmark item id, when the task comes from a recorded data set",
     )
     classification = models.CharField(max_length=20, choices=DataClass.choices, default=DataClass.INTERNAL)
     max_steps = models.PositiveIntegerField()
@@ -130,7 +138,9 @@ class Task(models.Model):
     max_usd = models.DecimalField(**USD)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True, unique=True)
     source = models.CharField(max_length=10, choices=Source.choices)
-    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     final_answer = models.TextField(blank=True)
     score = models.FloatField(null=True, blank=True)
@@ -166,7 +176,9 @@ class Run(models.Model):
     conductor_version = models.ForeignKey(ConductorVersion, related_name="runs", on_delete=models.PROTECT)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     correlation_id = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)
-    deliveries = models.PositiveIntegerField(default=0, help_text="How many times a worker process took this run")
+    deliveries = models.PositiveIntegerField(
+        default=0, help_text="How many times a worker process took this run"
+    )
     worker_host = models.CharField(max_length=200, blank=True)
     worker_pid = models.PositiveIntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -224,6 +236,9 @@ class Decision(models.Model):
     class Meta:
         ordering = ["run", "depth", "id"]
         indexes = [models.Index(fields=["run", "parent_step"], name="decision_run_parent")]
+
+    def __str__(self) -> str:
+        return f"Decision {self.pk} (run {self.run_id}, depth {self.depth}, try {self.attempt})"
 
 
 class StepStatus(models.TextChoices):
@@ -307,6 +322,5 @@ class Attempt(models.Model):
         ordering = ["step", "number"]
         constraints = [models.UniqueConstraint(fields=["step", "number"], name="attempt_unique_number")]
 
-    @property
-    def retryable(self) -> bool:
-        return self.status in {self.Status.TIMEOUT, self.Status.RATE_LIMITED, self.Status.SERVER_ERROR, self.Status.LOST}
+    def __str__(self) -> str:
+        return f"Attempt {self.number} of step {self.step_id}: {self.status}"

@@ -104,10 +104,14 @@ def _extract_json(raw: str) -> Any:
         except json.JSONDecodeError as exc:
             last_error = exc
     assert last_error is not None
-    raise PlanError(f"the output is not valid JSON ({last_error.msg} at line {last_error.lineno} column {last_error.colno})")
+    raise PlanError(
+        f"the output is not valid JSON ({last_error.msg} at line {last_error.lineno} column {last_error.colno})"
+    )
 
 
-def parse_plan(raw: str, *, allowed_workers: set[str], max_steps: int = MAX_STEPS, allow_empty: bool = False) -> Plan:
+def parse_plan(
+    raw: str, *, allowed_workers: set[str], max_steps: int = MAX_STEPS, allow_empty: bool = False
+) -> Plan:
     """Parse and validate a conductor's raw output. Raises PlanError naming the first problem."""
     data = _extract_json(raw)
     if not isinstance(data, dict):
@@ -140,8 +144,10 @@ def parse_plan(raw: str, *, allowed_workers: set[str], max_steps: int = MAX_STEP
         if len(instruction) > MAX_INSTRUCTION_CHARS:
             raise PlanError(f"step {i}'s instruction is longer than {MAX_INSTRUCTION_CHARS} characters")
         if access != "all":
-            if not isinstance(access, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in access):
-                raise PlanError(f"step {i}'s access must be \"all\" or a list of earlier step indices")
+            if not isinstance(access, list) or not all(
+                isinstance(a, int) and not isinstance(a, bool) for a in access
+            ):
+                raise PlanError(f'step {i}\'s access must be "all" or a list of earlier step indices')
             forward = [a for a in access if a < 0 or a >= i]
             if forward:
                 raise PlanError(

@@ -76,7 +76,9 @@ class Completion:
 
 
 class ProviderCallError(Exception):
-    def __init__(self, status: str, message: str, *, http_status: int | None = None, retry_after: float | None = None):
+    def __init__(
+        self, status: str, message: str, *, http_status: int | None = None, retry_after: float | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.http_status = http_status
@@ -84,12 +86,19 @@ class ProviderCallError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.status in {Attempt.Status.TIMEOUT, Attempt.Status.RATE_LIMITED, Attempt.Status.SERVER_ERROR}
+        return self.status in {
+            Attempt.Status.TIMEOUT,
+            Attempt.Status.RATE_LIMITED,
+            Attempt.Status.SERVER_ERROR,
+        }
 
 
 def _retry_after(exc: Exception) -> float | None:
     """Seconds from a Retry-After header (litellm keeps the provider's headers on the exception)."""
-    for headers in (getattr(exc, "litellm_response_headers", None), getattr(getattr(exc, "response", None), "headers", None)):
+    for headers in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(getattr(exc, "response", None), "headers", None),
+    ):
         value = headers.get("retry-after") if hasattr(headers, "get") else None
         if value is not None:
             try:
@@ -106,14 +115,18 @@ def classify(exc: Exception) -> ProviderCallError:
     if isinstance(exc, litellm.Timeout) or status_code == 408:
         return ProviderCallError(Attempt.Status.TIMEOUT, message, http_status=status_code)
     if isinstance(exc, litellm.RateLimitError) or status_code == 429:
-        return ProviderCallError(Attempt.Status.RATE_LIMITED, message, http_status=429, retry_after=_retry_after(exc))
+        return ProviderCallError(
+            Attempt.Status.RATE_LIMITED, message, http_status=429, retry_after=_retry_after(exc)
+        )
     if isinstance(exc, litellm.APIConnectionError) and not status_code:
         return ProviderCallError(Attempt.Status.SERVER_ERROR, message)
     if isinstance(status_code, int) and status_code >= 500:
         return ProviderCallError(Attempt.Status.SERVER_ERROR, message, http_status=status_code)
     if isinstance(status_code, int) and 400 <= status_code < 500:
         return ProviderCallError(Attempt.Status.CLIENT_ERROR, message, http_status=status_code)
-    return ProviderCallError(Attempt.Status.ERROR, message, http_status=status_code if isinstance(status_code, int) else None)
+    return ProviderCallError(
+        Attempt.Status.ERROR, message, http_status=status_code if isinstance(status_code, int) else None
+    )
 
 
 def complete(

@@ -7,7 +7,9 @@ from django.db.models import Prefetch, QuerySet
 from .models import Attempt, Decision, Run, Step, Task, Worker
 
 
-def task_list(*, status: str | None = None, classification: str | None = None, search: str | None = None) -> QuerySet[Task]:
+def task_list(
+    *, status: str | None = None, classification: str | None = None, search: str | None = None
+) -> QuerySet[Task]:
     qs = Task.objects.all()
     if status:
         qs = qs.filter(status=status)

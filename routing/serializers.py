@@ -12,7 +12,9 @@ from .plans import MAX_STEPS
 
 class TaskSubmitInput(serializers.Serializer):
     text = serializers.CharField(trim_whitespace=False, allow_blank=False)
-    reference = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    reference = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, trim_whitespace=False
+    )
     classification = serializers.ChoiceField(choices=DataClass.choices, default=DataClass.INTERNAL)
     max_steps = serializers.IntegerField(required=False, min_value=1, max_value=MAX_STEPS * 20)
     max_depth = serializers.IntegerField(required=False, min_value=0, max_value=5)
@@ -28,8 +30,17 @@ class AttemptOutput(serializers.ModelSerializer):
     class Meta:
         model = Attempt
         fields = [
-            "number", "status", "http_status", "error", "input_tokens", "output_tokens", "cost_usd",
-            "latency_ms", "provider_request_id", "started_at", "finished_at",
+            "number",
+            "status",
+            "http_status",
+            "error",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "latency_ms",
+            "provider_request_id",
+            "started_at",
+            "finished_at",
         ]
 
 
@@ -39,9 +50,26 @@ class StepOutput(serializers.ModelSerializer):
     class Meta:
         model = Step
         fields = [
-            "id", "decision", "index", "depth", "worker_slug", "vendor", "instruction", "access", "status",
-            "messages_sent", "response", "note", "error", "cost_usd", "input_tokens", "output_tokens",
-            "latency_ms", "started_at", "finished_at", "attempts",
+            "id",
+            "decision",
+            "index",
+            "depth",
+            "worker_slug",
+            "vendor",
+            "instruction",
+            "access",
+            "status",
+            "messages_sent",
+            "response",
+            "note",
+            "error",
+            "cost_usd",
+            "input_tokens",
+            "output_tokens",
+            "latency_ms",
+            "started_at",
+            "finished_at",
+            "attempts",
         ]
 
 
@@ -49,8 +77,22 @@ class DecisionOutput(serializers.ModelSerializer):
     class Meta:
         model = Decision
         fields = [
-            "id", "parent_step", "depth", "attempt", "backend", "version_name", "raw_output", "plan", "valid",
-            "error", "alternatives", "input_tokens", "output_tokens", "cost_usd", "latency_ms", "created_at",
+            "id",
+            "parent_step",
+            "depth",
+            "attempt",
+            "backend",
+            "version_name",
+            "raw_output",
+            "plan",
+            "valid",
+            "error",
+            "alternatives",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "latency_ms",
+            "created_at",
         ]
 
 
@@ -62,9 +104,24 @@ class RunOutput(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "kind", "status", "conductor", "correlation_id", "deliveries", "final_answer", "score",
-            "stop_reason", "error", "cost_usd", "input_tokens", "output_tokens", "created_at", "started_at",
-            "finished_at", "decisions", "steps",
+            "id",
+            "kind",
+            "status",
+            "conductor",
+            "correlation_id",
+            "deliveries",
+            "final_answer",
+            "score",
+            "stop_reason",
+            "error",
+            "cost_usd",
+            "input_tokens",
+            "output_tokens",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "decisions",
+            "steps",
         ]
 
 
@@ -72,8 +129,18 @@ class TaskListOutput(serializers.ModelSerializer):
     class Meta:
         model = Task
         fields = [
-            "id", "text", "classification", "status", "score", "cost_usd", "input_tokens", "output_tokens",
-            "domain", "source", "created_at", "finished_at",
+            "id",
+            "text",
+            "classification",
+            "status",
+            "score",
+            "cost_usd",
+            "input_tokens",
+            "output_tokens",
+            "domain",
+            "source",
+            "created_at",
+            "finished_at",
         ]
 
 
@@ -83,9 +150,28 @@ class TaskDetailOutput(serializers.ModelSerializer):
     class Meta:
         model = Task
         fields = [
-            "id", "text", "reference", "scorer", "domain", "source_item", "classification", "max_steps",
-            "max_depth", "max_usd", "idempotency_key", "source", "status", "final_answer", "score", "error",
-            "cost_usd", "input_tokens", "output_tokens", "created_at", "finished_at", "runs",
+            "id",
+            "text",
+            "reference",
+            "scorer",
+            "domain",
+            "source_item",
+            "classification",
+            "max_steps",
+            "max_depth",
+            "max_usd",
+            "idempotency_key",
+            "source",
+            "status",
+            "final_answer",
+            "score",
+            "error",
+            "cost_usd",
+            "input_tokens",
+            "output_tokens",
+            "created_at",
+            "finished_at",
+            "runs",
         ]
 
 
@@ -93,8 +179,19 @@ class WorkerOutput(serializers.ModelSerializer):
     class Meta:
         model = Worker
         fields = [
-            "slug", "display_name", "litellm_model", "vendor", "region", "self_hosted", "input_usd_per_mtok",
-            "output_usd_per_mtok", "price_source", "context_window", "enabled", "data_classes", "description",
+            "slug",
+            "display_name",
+            "litellm_model",
+            "vendor",
+            "region",
+            "self_hosted",
+            "input_usd_per_mtok",
+            "output_usd_per_mtok",
+            "price_source",
+            "context_window",
+            "enabled",
+            "data_classes",
+            "description",
         ]
 
 

@@ -11,8 +11,8 @@ from django.db import IntegrityError, transaction
 
 from audit.services import Actor, event_record
 
-from .models import ConductorVersion, DataClass, Run, Task, Worker
 from .conductors import DEFAULT_STATIC_RULES
+from .models import ConductorVersion, DataClass, Run, Task, Worker
 
 
 class SubmissionError(ValueError):
@@ -57,7 +57,11 @@ def conductor_active() -> ConductorVersion:
     with transaction.atomic():
         version, created = ConductorVersion.objects.get_or_create(
             name="static-v1",
-            defaults={"backend": ConductorVersion.Backend.STATIC, "config": DEFAULT_STATIC_RULES, "is_active": True},
+            defaults={
+                "backend": ConductorVersion.Backend.STATIC,
+                "config": DEFAULT_STATIC_RULES,
+                "is_active": True,
+            },
         )
         if created:
             event_record(
@@ -79,7 +83,11 @@ def conductor_activate(*, version: ConductorVersion, actor: Actor) -> ConductorV
             actor=actor,
             action="conductor.activated",
             obj=version,
-            payload={"name": version.name, "backend": version.backend, "previous": previous.name if previous else None},
+            payload={
+                "name": version.name,
+                "backend": version.backend,
+                "previous": previous.name if previous else None,
+            },
         )
     version.refresh_from_db()
     return version
@@ -92,8 +100,12 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
     """
     text = _check_text(submission.text)
     if submission.classification not in DataClass.values:
-        raise SubmissionError(f"unknown classification {submission.classification!r}; one of {DataClass.values}")
-    max_usd = settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
+        raise SubmissionError(
+            f"unknown classification {submission.classification!r}; one of {DataClass.values}"
+        )
+    max_usd = (
+        settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
+    )
     if max_usd < 0:
         raise SubmissionError("max_usd must not be negative")
     key = submission.idempotency_key or None
@@ -113,7 +125,9 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                 source_item=submission.source_item,
                 classification=submission.classification,
                 max_steps=submission.max_steps or settings.CONDUCTOR_DEFAULT_MAX_STEPS,
-                max_depth=settings.CONDUCTOR_DEFAULT_MAX_DEPTH if submission.max_depth is None else submission.max_depth,
+                max_depth=settings.CONDUCTOR_DEFAULT_MAX_DEPTH
+                if submission.max_depth is None
+                else submission.max_depth,
                 max_usd=max_usd,
                 idempotency_key=key,
                 source=source,
@@ -131,7 +145,11 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                     "classification": task.classification,
                     "chars": len(text),
                     "has_reference": task.reference is not None,
-                    "budgets": {"max_steps": task.max_steps, "max_depth": task.max_depth, "max_usd": task.max_usd},
+                    "budgets": {
+                        "max_steps": task.max_steps,
+                        "max_depth": task.max_depth,
+                        "max_usd": task.max_usd,
+                    },
                     "run_id": run.pk,
                     "conductor": conductor.name,
                 },

@@ -19,7 +19,9 @@ def task_list(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status") or None
     classification = request.GET.get("classification") or None
     search = (request.GET.get("q") or "").strip() or None
-    qs = selectors.task_list(status=status, classification=classification, search=search).order_by("-created_at", "-id")
+    qs = selectors.task_list(status=status, classification=classification, search=search).order_by(
+        "-created_at", "-id"
+    )
     before = parse_datetime(request.GET.get("before", "")) if request.GET.get("before") else None
     if before is not None:
         qs = qs.filter(created_at__lt=before)  # keyset pagination on the created_at index
@@ -46,7 +48,9 @@ def task_submit_view(request: HttpRequest) -> HttpResponse:
         data["reference"] = data.get("reference") or None
         data["idempotency_key"] = data.get("idempotency_key") or None
         try:
-            task, created = task_submit(submission=TaskSubmission(**data), source=Task.Source.WEB, user=request.user)
+            task, created = task_submit(
+                submission=TaskSubmission(**data), source=Task.Source.WEB, user=request.user
+            )
         except SubmissionError as exc:
             form.add_error(None, str(exc))
         else:

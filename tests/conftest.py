@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,7 +72,7 @@ def live_pool(openai_server):
 def replay_pool(db):
     from django.core.management import call_command
 
-    call_command("load_replay_pool", verbosity=0, stdout=open(os.devnull, "w"))
+    call_command("load_replay_pool", verbosity=0)
 
 
 def database_url() -> str:
@@ -92,10 +93,8 @@ def clear_queues() -> None:
 
     with app.connection_for_write() as conn:
         for queue in (app.conf.task_default_queue,):
-            try:
+            with contextlib.suppress(Exception):  # the queue may not exist yet
                 conn.default_channel.queue_purge(queue)
-            except Exception:  # noqa: BLE001, S110 - the queue may not exist yet
-                pass
 
 
 class WorkerProcess:
@@ -107,11 +106,29 @@ class WorkerProcess:
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "conductor_web", "worker",
-                "--pool", "prefork", "--concurrency", "1", "--loglevel", "INFO",
-                "--hostname", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "conductor_web",
+                "worker",
+                "--pool",
+                "prefork",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
             ],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -164,7 +181,9 @@ def celery_workers(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
     clear_queues()
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05, what: str = "condition"):
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 30, interval: float = 0.05, what: str = "condition"
+):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

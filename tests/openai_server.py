@@ -39,7 +39,9 @@ class Recorded:
 
     @property
     def user_text(self) -> str:
-        return "\n".join(m.get("content") or "" for m in self.body.get("messages", []) if m.get("role") == "user")
+        return "\n".join(
+            m.get("content") or "" for m in self.body.get("messages", []) if m.get("role") == "user"
+        )
 
 
 Program = list[Reply] | Callable[[dict[str, Any]], Reply]
@@ -61,7 +63,10 @@ class OpenAIServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in server.programs]})
+                    self._send(
+                        200,
+                        {"object": "list", "data": [{"id": m, "object": "model"} for m in server.programs]},
+                    )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -83,13 +88,19 @@ class OpenAIServer:
                     if reply.raw_body is not None:
                         self._send_bytes(reply.status, reply.raw_body, reply.headers)
                     elif reply.status != 200:
-                        self._send(reply.status, {"error": {"message": f"scripted {reply.status}", "type": "server_error"}}, reply.headers)
+                        self._send(
+                            reply.status,
+                            {"error": {"message": f"scripted {reply.status}", "type": "server_error"}},
+                            reply.headers,
+                        )
                     else:
                         self._send(200, completion_body(record.model, reply), reply.headers)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 self._send_bytes(status, json.dumps(payload).encode(), headers)
 
             def _send_bytes(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
@@ -162,4 +173,6 @@ def completion_body(model: str, reply: Reply) -> dict[str, Any]:
 
 
 def plan_json(*steps: tuple[str, str, Any], thought: str = "test plan") -> str:
-    return json.dumps({"thought": thought, "steps": [{"worker": w, "instruction": i, "access": a} for w, i, a in steps]})
+    return json.dumps(
+        {"thought": thought, "steps": [{"worker": w, "instruction": i, "access": a} for w, i, a in steps]}
+    )

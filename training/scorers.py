@@ -99,7 +99,15 @@ def numeric(answer: str, reference: str) -> float:
 
 def _normalise(text: str) -> str:
     text = text.strip().strip("$").strip()
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("dfrac", "frac"), ("tfrac", "frac"), (" ", "")):
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("dfrac", "frac"),
+        ("tfrac", "frac"),
+        (" ", ""),
+    ):
         text = text.replace(old, new)
     text = re.sub(r"\\text\{(.*?)\}", r"\1", text)
     return text.rstrip(".").lower()

@@ -51,9 +51,17 @@ def test_three_step_dag_runs_independent_steps_concurrently_and_shows_each_step_
     server = live_pool["server"]
     server.program(
         "conductor",
-        [Reply(plan_json(("alpha", "Solve A", []), ("beta", "Solve B", []), ("gamma", "Combine", "all")), prompt_tokens=300, completion_tokens=60)],
+        [
+            Reply(
+                plan_json(("alpha", "Solve A", []), ("beta", "Solve B", []), ("gamma", "Combine", "all")),
+                prompt_tokens=300,
+                completion_tokens=60,
+            )
+        ],
     )
-    server.program("alpha", [Reply("answer from alpha", delay_s=0.6, prompt_tokens=100, completion_tokens=20)])
+    server.program(
+        "alpha", [Reply("answer from alpha", delay_s=0.6, prompt_tokens=100, completion_tokens=20)]
+    )
     server.program("beta", [Reply("answer from beta", delay_s=0.6, prompt_tokens=80, completion_tokens=10)])
     server.program("gamma", [Reply("42", prompt_tokens=200, completion_tokens=3)])
 
@@ -74,7 +82,9 @@ def test_three_step_dag_runs_independent_steps_concurrently_and_shows_each_step_
     assert steps[0].cost_usd == Decimal("0.000140")
     assert steps[0].vendor == "acme" and steps[2].vendor == "globex"
     assert_rollups_exact(run)
-    actions = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).values_list("action", flat=True))
+    actions = list(
+        AuditEvent.objects.filter(correlation_id=run.correlation_id).values_list("action", flat=True)
+    )
     assert actions[0] == "task.submitted" and actions[-1] == "run.succeeded"
     assert actions.count("step.succeeded") == 3
 
@@ -86,8 +96,12 @@ def test_conductor_request_carries_the_workflow_schema_and_logprobs_become_alter
     prefix, rest = plan.split('"worker": "', 1)
     logprobs = [
         {"token": prefix + '"worker": "', "logprob": 0.0, "top_logprobs": []},
-        {"token": "beta", "logprob": -0.357, "top_logprobs": [{"token": "beta", "logprob": -0.357}, {"token": "al", "logprob": -1.609}]},
-        {"token": rest[len("beta"):], "logprob": 0.0, "top_logprobs": []},
+        {
+            "token": "beta",
+            "logprob": -0.357,
+            "top_logprobs": [{"token": "beta", "logprob": -0.357}, {"token": "al", "logprob": -1.609}],
+        },
+        {"token": rest[len("beta") :], "logprob": 0.0, "top_logprobs": []},
     ]
     server.program("conductor", [Reply(plan, logprobs=logprobs)])
     server.program("beta", [Reply("done")])
@@ -97,7 +111,12 @@ def test_conductor_request_carries_the_workflow_schema_and_logprobs_become_alter
     assert run.status == RunStatus.SUCCEEDED, run.error
     body = server.requests_for("conductor")[0].body
     schema = body["structured_outputs"]["json"]
-    assert schema["properties"]["steps"]["items"]["properties"]["worker"]["enum"] == ["alpha", "beta", "conductor", "gamma"]
+    assert schema["properties"]["steps"]["items"]["properties"]["worker"]["enum"] == [
+        "alpha",
+        "beta",
+        "conductor",
+        "gamma",
+    ]
     assert body["logprobs"] is True
     decision = Decision.objects.get(run=run)
     candidates = decision.alternatives[0]["candidates"]
@@ -149,7 +168,13 @@ def test_invalid_plan_twice_fails_the_run_with_a_clear_message_and_calls_no_work
 def test_rate_limit_then_success_keeps_both_attempts_and_honours_retry_after(live_pool):
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
-    server.program("alpha", [Reply(status=429, headers={"Retry-After": "0.2"}), Reply("after the wait", prompt_tokens=50, completion_tokens=5)])
+    server.program(
+        "alpha",
+        [
+            Reply(status=429, headers={"Retry-After": "0.2"}),
+            Reply("after the wait", prompt_tokens=50, completion_tokens=5),
+        ],
+    )
 
     run = run_now(submit())
 
@@ -171,7 +196,10 @@ def test_server_errors_exhaust_the_retries_and_fail_the_run(live_pool):
 
     assert run.status == RunStatus.FAILED and run.stop_reason == "step_failed"
     assert "failed after 3 attempt(s): server_error (HTTP 500)" in run.error
-    assert list(Attempt.objects.filter(step__run=run).values_list("status", flat=True)) == [Attempt.Status.SERVER_ERROR] * 3
+    assert (
+        list(Attempt.objects.filter(step__run=run).values_list("status", flat=True))
+        == [Attempt.Status.SERVER_ERROR] * 3
+    )
     assert Step.objects.get(run=run).status == StepStatus.FAILED
 
 
@@ -222,7 +250,12 @@ def test_conductor_as_a_worker_recurses_and_the_nested_answer_is_final(live_pool
     inner_request = server.requests_for("conductor")[-1]
     assert "draft answer" in inner_request.user_text  # the inner call sees the last response
     # At depth 1 with max_depth 1 the conductor may not name itself again.
-    assert "conductor" not in inner_request.body["structured_outputs"]["json"]["properties"]["steps"]["items"]["properties"]["worker"]["enum"]
+    assert (
+        "conductor"
+        not in inner_request.body["structured_outputs"]["json"]["properties"]["steps"]["items"]["properties"][
+            "worker"
+        ]["enum"]
+    )
     assert_rollups_exact(run)
 
 
@@ -232,7 +265,9 @@ def test_an_empty_nested_plan_passes_the_last_response_through(live_pool):
 
     def conductor(body):
         text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
-        return Reply(json.dumps({"thought": "fine as is", "steps": []}) if "You were called" in text else outer)
+        return Reply(
+            json.dumps({"thought": "fine as is", "steps": []}) if "You were called" in text else outer
+        )
 
     server.program("conductor", conductor)
     server.program("alpha", [Reply("draft answer")])
@@ -255,7 +290,9 @@ def test_depth_cap_zero_forbids_recursion(live_pool):
 
 def test_step_budget_limits_the_plan_length(live_pool):
     server = live_pool["server"]
-    server.program("conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", []), ("gamma", "C", "all")))])
+    server.program(
+        "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", []), ("gamma", "C", "all")))]
+    )
 
     run = run_now(submit(max_steps=2))
 
@@ -265,7 +302,16 @@ def test_step_budget_limits_the_plan_length(live_pool):
 
 def test_cost_budget_stops_the_run_before_the_next_call(live_pool):
     server = live_pool["server"]
-    server.program("conductor", [Reply(plan_json(("gamma", "Expensive", []), ("alpha", "Next", "all")), prompt_tokens=0, completion_tokens=0)])
+    server.program(
+        "conductor",
+        [
+            Reply(
+                plan_json(("gamma", "Expensive", []), ("alpha", "Next", "all")),
+                prompt_tokens=0,
+                completion_tokens=0,
+            )
+        ],
+    )
     server.program("gamma", [Reply("pricey", prompt_tokens=1000, completion_tokens=1000)])  # $0.018
     server.program("alpha", [Reply("never")])
 
@@ -288,7 +334,9 @@ def test_confidential_task_sees_only_workers_cleared_for_it(live_pool):
 
     assert run.status == RunStatus.FAILED
     assert "names worker 'alpha'" in run.error
-    enum = server.requests_for("conductor")[0].body["structured_outputs"]["json"]["properties"]["steps"]["items"]["properties"]["worker"]["enum"]
+    enum = server.requests_for("conductor")[0].body["structured_outputs"]["json"]["properties"]["steps"][
+        "items"
+    ]["properties"]["worker"]["enum"]
     assert enum == ["conductor", "gamma"]
 
 
@@ -297,17 +345,25 @@ def test_replay_pool_three_step_workflow_scores_against_the_reference(replay_poo
 
     item = next(i for i in replay.read_items(replay.split_path("dev")) if i.domain == "math-l5")
     task, _ = task_submit(
-        submission=TaskSubmission(text=item.task, reference=item.reference, domain=item.domain, source_item=item.id),
+        submission=TaskSubmission(
+            text=item.task, reference=item.reference, domain=item.domain, source_item=item.id
+        ),
         source=Task.Source.CLI,
     )
     run = run_now(task.runs.get())
 
     assert run.status == RunStatus.SUCCEEDED, run.error
     steps = list(Step.objects.filter(run=run).order_by("index"))
-    assert [s.worker_slug for s in steps] == ["gpt-4o-mini-2024-07-18", "gemini-1.5-flash", "gpt-4o-2024-08-06"]
+    assert [s.worker_slug for s in steps] == [
+        "gpt-4o-mini-2024-07-18",
+        "gemini-1.5-flash",
+        "gpt-4o-2024-08-06",
+    ]
     recorded = item.outcomes["gpt-4o-mini-2024-07-18"]
     assert steps[0].output_tokens == recorded["completion_tokens"]
-    assert steps[0].cost_usd.quantize(Decimal("1e-8")) == Decimal(str(recorded["cost_usd"])).quantize(Decimal("1e-8"))
+    assert steps[0].cost_usd.quantize(Decimal("1e-8")) == Decimal(str(recorded["cost_usd"])).quantize(
+        Decimal("1e-8")
+    )
     expected = item.outcomes["gpt-4o-2024-08-06"]["score"]
     assert run.score == expected
     assert_rollups_exact(run)

@@ -13,7 +13,9 @@ DATA_CLASSES = [DataClass.PUBLIC, DataClass.INTERNAL]
 
 
 class Command(BaseCommand):
-    help = "Register the replay pool: one worker per model in the recorded-outcomes data (CONDUCTOR_REPLAY_DIR)."
+    help = (
+        "Register the replay pool: one worker per model in the recorded-outcomes data (CONDUCTOR_REPLAY_DIR)."
+    )
 
     def handle(self, *args, **options):
         try:
@@ -34,6 +36,10 @@ class Command(BaseCommand):
                 "description": f"recorded answers of {name}",
             }
             _, created = worker_upsert(slug=slug, fields=fields, actor=actor)
-            self.stdout.write(f"{'registered' if created else 'checked'} {slug}")
+            if options["verbosity"] > 1 or created and options["verbosity"] > 0:
+                self.stdout.write(f"{'registered' if created else 'checked'} {slug}")
         version = conductor_active()
-        self.stdout.write(self.style.SUCCESS(f"{len(models)} replay workers; active conductor {version.name}"))
+        if options["verbosity"] > 0:
+            self.stdout.write(
+                self.style.SUCCESS(f"{len(models)} replay workers; active conductor {version.name}")
+            )

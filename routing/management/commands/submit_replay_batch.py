@@ -15,7 +15,9 @@ class Command(BaseCommand):
         parser.add_argument("--count", type=int, default=20)
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--domain", help="only items of this domain (gsm8k, math-l5, cruxeval-o)")
-        parser.add_argument("--prefix", default="replay", help="idempotency-key prefix; a rerun submits nothing twice")
+        parser.add_argument(
+            "--prefix", default="replay", help="idempotency-key prefix; a rerun submits nothing twice"
+        )
 
     def handle(self, *args, **o):
         try:
@@ -39,4 +41,7 @@ class Command(BaseCommand):
                 source=Task.Source.CLI,
             )
             submitted += created
-        self.stdout.write(self.style.SUCCESS(f"submitted {submitted} of {min(len(items), o['count'])} items"))
+        if o["verbosity"] > 0:
+            self.stdout.write(
+                self.style.SUCCESS(f"submitted {submitted} of {min(len(items), o['count'])} items")
+            )

