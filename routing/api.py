@@ -42,6 +42,11 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         values["idempotency_key"] = (
             values.get("idempotency_key") or request.headers.get("Idempotency-Key") or None
         )
+        if values["idempotency_key"] is not None and len(values["idempotency_key"]) > 200:
+            return Response(
+                {"detail": "the Idempotency-Key header is longer than 200 characters"},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
         if values.get("reference") == "":
             values["reference"] = None
         try:

@@ -31,7 +31,7 @@ from django.utils import timezone
 from audit.services import ENGINE, event_record
 from training import scorers
 
-from .conductors import ConductorUnavailable, PlanRequest, WorkerCard, conductor_for
+from .conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
 from .models import (
     CONDUCTOR_SLUG,
     Attempt,
@@ -111,7 +111,10 @@ def execute_run(run_id: int) -> None:
 
 def _claim(run_id: int) -> Run | None:
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("task").get(pk=run_id)
+        run = Run.objects.select_for_update(of=("self",)).select_related("task").filter(pk=run_id).first()
+        if run is None:
+            log.warning("run %s does not exist; dropping its message", run_id)
+            return None
         if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
             return None
         resumed = run.deliveries > 0
@@ -204,14 +207,7 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             feedback=feedback,
             **parent_context,
         )
-        try:
-            proposal = conductor.propose(request)
-        except ProviderCallError as exc:
-            raise RunStopped(
-                f"the conductor could not be reached: {exc}", stop_reason="conductor_unavailable"
-            ) from exc
-        except ConductorUnavailable as exc:
-            raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
+        proposal = _propose(run, conductor, request)
         plan: Plan | None = None
         error = ""
         try:
@@ -241,13 +237,45 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     )
 
 
+def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
+    """Ask the conductor, retrying timeouts, 429 and 5xx like any provider call; each failure is audited."""
+    made = 0
+    while True:
+        try:
+            return conductor.propose(request)
+        except ConductorUnavailable as exc:
+            raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
+        except ProviderCallError as exc:
+            made += 1
+            with transaction.atomic():
+                event_record(
+                    actor=ENGINE,
+                    action="conductor.call_failed",
+                    obj=run,
+                    task_id=run.task_id,
+                    correlation_id=run.correlation_id,
+                    payload={
+                        "attempt": made,
+                        "status": exc.status,
+                        "http_status": exc.http_status,
+                        "error": str(exc),
+                    },
+                )
+            if not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS:
+                raise RunStopped(
+                    f"the conductor could not be reached after {made} attempt(s): {exc}",
+                    stop_reason="conductor_unavailable",
+                ) from exc
+            time.sleep(_backoff(made, exc.retry_after))
+
+
 def _record_decision(
     run: Run,
     *,
     parent_step: Step | None,
     depth: int,
     attempt: int,
-    proposal: Any,
+    proposal: Proposal,
     plan: Plan | None,
     error: str,
     workers: dict[str, Worker],

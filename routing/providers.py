@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import litellm
@@ -166,15 +167,22 @@ def complete(
     )
 
 
-def litellm_price_per_mtok(model: str) -> tuple[str, str] | None:
-    """Input and output USD per 1M tokens from litellm's local cost map, as decimal strings."""
+@dataclass(frozen=True)
+class ModelInfo:
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
+    context_window: int | None
+
+
+def litellm_model_info(model: str) -> ModelInfo | None:
+    """Prices per 1M tokens and context window from litellm's local cost map, or None if unknown."""
     info = litellm.model_cost.get(model) or litellm.model_cost.get(model.split("/", 1)[-1])
     if not info or info.get("input_cost_per_token") is None:
         return None
-    from decimal import Decimal
-
     per_m = Decimal(1_000_000)
-    return (
-        str((Decimal(str(info["input_cost_per_token"])) * per_m).normalize()),
-        str((Decimal(str(info.get("output_cost_per_token") or 0)) * per_m).normalize()),
+    # str() first: the map holds floats, and Decimal(float) would carry binary noise into prices.
+    return ModelInfo(
+        input_usd_per_mtok=(Decimal(str(info["input_cost_per_token"])) * per_m),
+        output_usd_per_mtok=(Decimal(str(info.get("output_cost_per_token") or 0)) * per_m),
+        context_window=info.get("max_input_tokens") or info.get("max_tokens"),
     )

@@ -194,3 +194,57 @@ def worker_upsert(*, slug: str, fields: dict[str, Any], actor: Actor) -> tuple[W
                 payload={"slug": slug, "fields": fields if created else changed},
             )
     return worker, created
+
+
+def worker_register(
+    *,
+    slug: str,
+    litellm_model: str,
+    vendor: str,
+    actor: Actor,
+    api_base: str = "",
+    api_key_env: str = "",
+    input_usd_per_mtok: Decimal | None = None,
+    output_usd_per_mtok: Decimal | None = None,
+    context_window: int | None = None,
+    data_classes: list[str] | None = None,
+    self_hosted: bool = False,
+    region: str = "",
+    description: str = "",
+) -> tuple[Worker, bool]:
+    """Register (or update) a worker. Prices and context window come from litellm's local cost map
+    unless given; a model the map does not know needs both prices."""
+    from .providers import litellm_model_info
+
+    info = litellm_model_info(litellm_model)
+    if input_usd_per_mtok is not None and output_usd_per_mtok is not None:
+        prices = (input_usd_per_mtok, output_usd_per_mtok)
+        source = Worker.PriceSource.OVERRIDE
+    elif info is not None and input_usd_per_mtok is None and output_usd_per_mtok is None:
+        prices = (info.input_usd_per_mtok, info.output_usd_per_mtok)
+        source = Worker.PriceSource.LITELLM
+    else:
+        raise SubmissionError(
+            f"give both prices for {litellm_model}: "
+            + ("litellm's cost map does not know it" if info is None else "one price alone is ambiguous")
+        )
+    classes = data_classes or [DataClass.PUBLIC, DataClass.INTERNAL]
+    unknown = set(classes) - set(DataClass.values)
+    if unknown:
+        raise SubmissionError(f"unknown data classes: {sorted(unknown)}")
+    fields = {
+        "display_name": slug,
+        "litellm_model": litellm_model,
+        "vendor": vendor,
+        "api_base": api_base,
+        "api_key_env": api_key_env,
+        "input_usd_per_mtok": prices[0],
+        "output_usd_per_mtok": prices[1],
+        "price_source": source,
+        "context_window": context_window or (info.context_window if info else None) or 128_000,
+        "data_classes": classes,
+        "self_hosted": self_hosted,
+        "region": region,
+        "description": description,
+    }
+    return worker_upsert(slug=slug, fields=fields, actor=actor)

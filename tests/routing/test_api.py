@@ -122,6 +122,14 @@ def test_the_same_idempotency_key_with_a_different_text_is_a_conflict(api):
     assert list(Task.objects.values_list("text", flat=True)) == ["What is 2 + 2?"]
 
 
+def test_an_overlong_idempotency_key_header_is_refused(api):
+    response = post(api, {"text": "What is 2 + 2?"}, HTTP_IDEMPOTENCY_KEY="k" * 201)
+
+    assert response.status_code == 400
+    assert "Idempotency-Key" in response.data["detail"]
+    assert not Task.objects.exists()
+
+
 def test_a_submission_writes_one_audit_event_and_a_repeat_writes_none(api, user):
     first = post(api, {"text": "What is 2 + 2?", "idempotency_key": "job-4"})
     post(api, {"text": "What is 2 + 2?", "idempotency_key": "job-4"})
@@ -341,11 +349,3 @@ def test_the_openapi_schema_describes_the_task_endpoints(api):
     assert "/api/tasks/" in document["paths"]
     assert {"get", "post"} <= set(document["paths"]["/api/tasks/"])
     assert "/api/workers/" in document["paths"]
-
-
-def test_an_overlong_idempotency_key_header_is_refused(api):
-    response = post(api, {"text": "What is 2 + 2?"}, HTTP_IDEMPOTENCY_KEY="k" * 201)
-
-    assert response.status_code == 400
-    assert "Idempotency-Key" in response.data["detail"]
-    assert not Task.objects.exists()

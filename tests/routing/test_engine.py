@@ -380,3 +380,25 @@ def test_a_second_process_cannot_execute_a_run_that_is_locked(live_pool):
         run.refresh_from_db()
         assert run.status == RunStatus.QUEUED and run.deliveries == 0
     assert run_now(run).status == RunStatus.SUCCEEDED
+
+
+def test_the_conductor_endpoint_failing_once_is_retried_and_audited(live_pool):
+    server = live_pool["server"]
+    server.program("conductor", [Reply(status=503), Reply(plan_json(("alpha", "Do it", [])))])
+    server.program("alpha", [Reply("done")])
+
+    run = run_now(submit())
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    failed = AuditEvent.objects.get(correlation_id=run.correlation_id, action="conductor.call_failed")
+    assert failed.payload["http_status"] == 503 and failed.payload["status"] == "server_error"
+
+
+def test_the_conductor_endpoint_down_fails_the_run_with_a_clear_message(live_pool):
+    live_pool["server"].program("conductor", [Reply(status=500)])
+
+    run = run_now(submit())
+
+    assert run.status == RunStatus.FAILED and run.stop_reason == "conductor_unavailable"
+    assert "the conductor could not be reached after 3 attempt(s)" in run.error
+    assert not Decision.objects.filter(run=run).exists()

@@ -1,4 +1,5 @@
 import json
+import sys
 from decimal import Decimal
 
 from django.core.management.base import BaseCommand, CommandError
@@ -9,6 +10,7 @@ from routing.services import SubmissionError, TaskSubmission, task_submit
 
 class Command(BaseCommand):
     help = "Submit a task from the command line; prints its id. Reads the text from stdin when it is '-'."
+    stealth_options = ("stdin",)  # call_command(..., stdin=...) in tests
 
     def add_arguments(self, parser):
         parser.add_argument("text")
@@ -22,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the task as JSON")
 
     def handle(self, *args, **o):
-        text = self.stdin.read() if o["text"] == "-" else o["text"]
+        text = (o.get("stdin") or sys.stdin).read() if o["text"] == "-" else o["text"]
         submission = TaskSubmission(
             text=text,
             reference=o["reference"],

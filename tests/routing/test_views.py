@@ -1,0 +1,294 @@
+"""The HTML pages through Django's test client, and the submit_task management command."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from audit.models import AuditEvent
+from routing import engine
+from routing.models import Task
+from routing.services import TaskSubmission, task_submit
+from tests.openai_server import Reply, plan_json
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+XSS = "<script>alert(1)</script>"
+XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+@pytest.fixture
+def user():
+    return get_user_model().objects.create_user("grace", password="correct horse battery")
+
+
+@pytest.fixture
+def client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def submit(text: str) -> Task:
+    task, _ = task_submit(submission=TaskSubmission(text=text), source=Task.Source.API)
+    return task
+
+
+def page(client: Client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+# --- login ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["/", "/tasks/new/", "/workers/", f"/tasks/{uuid.uuid4()}/"])
+def test_pages_require_login(url):
+    response = Client().get(url)
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/login/?next={url}"
+
+
+def test_the_login_page_logs_in(user):
+    client = Client()
+    assert client.get("/login/").status_code == 200
+
+    response = client.post("/login/", {"username": "grace", "password": "correct horse battery"})
+
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert client.get("/").status_code == 200
+
+
+# --- task list --------------------------------------------------------------------------------
+
+
+def test_an_empty_task_list_says_so(client):
+    html = page(client, "/")
+
+    assert "No tasks yet." in html
+    assert '<table class="data">' not in html
+
+
+def test_the_task_list_shows_tasks_and_filters_them(client):
+    submit("Translate hello to French")
+    submit("Sum 2 and 3")
+
+    html = page(client, "/")
+    assert "Translate hello to French" in html and "Sum 2 and 3" in html
+    assert "No tasks" not in html
+
+    filtered = page(client, "/?q=translate")
+    assert "Translate hello to French" in filtered and "Sum 2 and 3" not in filtered
+
+    none = page(client, "/?status=failed")
+    assert "No tasks match these filters." in none
+
+
+# --- submit form ------------------------------------------------------------------------------
+
+
+FORM = {
+    "text": "What is 6 * 7?",
+    "reference": "42",
+    "scorer": "numeric",
+    "classification": "internal",
+    "max_steps": "4",
+    "max_depth": "1",
+    "max_usd": "0.50",
+    "idempotency_key": "",
+}
+
+
+def test_the_submit_form_renders(client):
+    html = page(client, "/tasks/new/")
+
+    assert 'name="text"' in html and 'name="max_usd"' in html and "csrfmiddlewaretoken" in html
+
+
+def test_the_submit_form_creates_a_task_and_redirects_to_it(client, user):
+    response = client.post("/tasks/new/", FORM)
+
+    task = Task.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == f"/tasks/{task.pk}/"
+    assert task.text == "What is 6 * 7?" and task.reference == "42" and task.scorer == "numeric"
+    assert (task.max_steps, task.max_depth, str(task.max_usd)) == (4, 1, "0.5000000000")
+    assert task.source == Task.Source.WEB and task.submitted_by == user
+    assert task.idempotency_key is None
+    assert task.runs.count() == 1
+    assert AuditEvent.objects.filter(action="task.submitted", task_id=task.pk).count() == 1
+
+
+def test_the_submit_form_with_a_used_key_shows_the_existing_task(client):
+    first = client.post("/tasks/new/", {**FORM, "idempotency_key": "web-1"})
+
+    again = client.post("/tasks/new/", {**FORM, "idempotency_key": "web-1"}, follow=True)
+
+    assert Task.objects.count() == 1
+    assert again.redirect_chain == [(first["Location"], 302)]
+    assert "already exists; showing it" in again.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"idempotency_key": "web-2", "text": "Something else"}, "already used for a different task"),
+        ({"text": "   "}, "This field is required."),
+        ({"max_usd": "-1"}, "greater than or equal to 0"),
+    ],
+    ids=["conflict", "blank", "negative-usd"],
+)
+def test_the_submit_form_shows_errors_and_creates_nothing(client, change, message):
+    client.post("/tasks/new/", {**FORM, "idempotency_key": "web-2"})
+    before = Task.objects.count()
+
+    response = client.post("/tasks/new/", {**FORM, **change})
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert Task.objects.count() == before
+
+
+def test_the_submit_form_refuses_an_oversized_text(client, settings):
+    settings.CONDUCTOR_MAX_TASK_CHARS = 100
+
+    response = client.post("/tasks/new/", {**FORM, "text": "x" * 101})
+
+    assert response.status_code == 200
+    assert "At most 100 characters." in response.content.decode()
+    assert not Task.objects.exists()
+
+
+# --- task page --------------------------------------------------------------------------------
+
+
+def test_the_task_page_shows_steps_workers_and_costs(client, live_pool):
+    server = live_pool["server"]
+    server.program(
+        "conductor", [Reply(plan_json(("alpha", "Draft an answer", []), ("gamma", "Check the draft", "all")))]
+    )
+    server.program("alpha", [Reply("draft: 42", prompt_tokens=100, completion_tokens=20)])
+    server.program("gamma", [Reply("final: 42", prompt_tokens=200, completion_tokens=3)])
+    task = submit("What is 6 * 7?")
+    engine.execute_run(task.runs.get().pk)
+
+    html = page(client, f"/tasks/{task.pk}/")
+
+    assert "Succeeded" in html
+    assert "conductor llm-test" in html
+    assert html.count('class="step-row"') == 2
+    assert "<td>alpha</td>" in html and "<td>gamma</td>" in html
+    assert "<td>acme</td>" in html and "<td>globex</td>" in html
+    assert "Draft an answer" in html and "Check the draft" in html
+    assert "draft: 42" in html and 'id="final-answer">final: 42<' in html
+    assert "100 / 20" in html and "200 / 3" in html
+    assert "0.000140" in html  # alpha: 100 * $1/M + 20 * $2/M
+    assert "0.000645" in html  # gamma: 200 * $3/M + 3 * $15/M
+    assert "<td>all earlier</td>" in html and "<td>nothing</td>" in html
+
+
+def test_an_unknown_task_is_404(client):
+    assert client.get(f"/tasks/{uuid.uuid4()}/").status_code == 404
+
+
+def test_task_text_and_worker_responses_are_escaped(client, live_pool):
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", f"Repeat {XSS}", [])))])
+    server.program("alpha", [Reply(f"Here you are: {XSS}")])
+    task = submit(f"Please echo {XSS}")
+    engine.execute_run(task.runs.get().pk)
+
+    for html in (page(client, f"/tasks/{task.pk}/"), page(client, "/")):
+        assert XSS not in html
+        assert "<script" not in html
+    detail = page(client, f"/tasks/{task.pk}/")
+    assert f"Please echo {XSS_ESCAPED}" in detail  # task text
+    assert f"Repeat {XSS_ESCAPED}" in detail  # instruction
+    assert f"Here you are: {XSS_ESCAPED}" in detail  # worker response and final answer
+    assert f"Please echo {XSS_ESCAPED}" in page(client, "/")
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+def test_the_worker_page_lists_workers(client, live_pool):
+    html = page(client, "/workers/")
+
+    for slug in ("alpha", "beta", "gamma"):
+        assert f"<td>{slug}</td>" in html and f"<code>openai/{slug}</code>" in html
+    assert "globex" in html
+    assert "15.0000" in html  # gamma's output price per million tokens
+    assert "No workers are registered" not in html
+
+
+def test_an_empty_worker_page_says_how_to_load_workers(client):
+    assert "No workers are registered" in page(client, "/workers/")
+
+
+# --- management command -----------------------------------------------------------------------
+
+
+def run_command(*args: str, stdin: str | None = None) -> str:
+    out = io.StringIO()
+    extra = {"stdin": io.StringIO(stdin)} if stdin is not None else {}
+    call_command("submit_task", *args, stdout=out, **extra)
+    return out.getvalue().strip()
+
+
+def test_submit_task_prints_the_id_and_creates_a_cli_task():
+    output = run_command("What is 2 + 2?", "--reference", "4", "--classification", "public")
+
+    task = Task.objects.get()
+    assert output == f"{task.pk} submitted"
+    assert task.source == Task.Source.CLI and task.submitted_by is None
+    assert task.text == "What is 2 + 2?" and task.reference == "4" and task.classification == "public"
+    assert AuditEvent.objects.get(action="task.submitted").actor_name == "cli-submit"
+
+
+def test_submit_task_with_the_same_idempotency_key_twice_creates_one_task():
+    first = run_command("What is 2 + 2?", "--idempotency-key", "cli-1")
+    second = run_command("What is 2 + 2?", "--idempotency-key", "cli-1")
+
+    task = Task.objects.get()
+    assert first == f"{task.pk} submitted"
+    assert second == f"{task.pk} already submitted"
+    assert AuditEvent.objects.filter(action="task.submitted").count() == 1
+
+
+def test_submit_task_reads_the_text_from_stdin_and_prints_json():
+    output = json.loads(run_command("-", "--json", stdin="A long task\nover two lines\n"))
+
+    task = Task.objects.get()
+    assert output == {"id": str(task.pk), "created": True, "status": "queued"}
+    assert task.text == "A long task\nover two lines\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["   "], None, "the task text is empty"),
+        (["-"], "bad\x00text", "NUL character"),
+        (["ok", "--max-usd", "-1"], None, "must not be negative"),
+    ],
+    ids=["blank", "nul", "negative-usd"],
+)
+def test_submit_task_refuses_bad_input(args, stdin, message):
+    with pytest.raises(CommandError, match=message):
+        run_command(*args, stdin=stdin)
+    assert not Task.objects.exists()
+
+
+def test_submit_task_refuses_a_reused_key_with_a_different_text():
+    run_command("One", "--idempotency-key", "cli-2")
+
+    with pytest.raises(CommandError, match="already used for a different task"):
+        run_command("Two", "--idempotency-key", "cli-2")
+    assert list(Task.objects.values_list("text", flat=True)) == ["One"]
