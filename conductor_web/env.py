@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from decimal import Decimal, InvalidOperation
 
@@ -52,6 +53,8 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
         parsed = float(value)
     except ValueError as exc:
         raise ConfigError(f"{name}={value!r} is not a number") from exc
+    if math.isnan(parsed):  # float() accepts "nan", and NaN passes every minimum check
+        raise ConfigError(f"{name}={value!r} is not a number")
     if minimum is not None and parsed < minimum:
         raise ConfigError(f"{name}={parsed} is below the minimum of {minimum}")
     return parsed

@@ -12,6 +12,8 @@ class AuditedAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         with transaction.atomic():
             super().save_model(request, obj, form, change)
+            if change and not form.changed_data:
+                return
             model = obj._meta.model_name
             event_record(
                 actor=Actor.for_user(request.user),

@@ -34,6 +34,8 @@ def requeue_stalled_runs() -> list[int]:
     requeued = []
     for run_id in candidates.values_list("pk", flat=True)[:500]:
         if not engine.run_is_locked(run_id):
+            # Touch the heartbeat so that a run waiting in a long backlog is not queued again every minute.
+            Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now())
             run_workflow.delay(run_id)
             requeued.append(run_id)
     if requeued:
