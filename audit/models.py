@@ -1,8 +1,18 @@
-"""The audit record: one row per decision or action, written in the same transaction as the change."""
+"""The audit record: append-only, hash-chained events, signed checkpoints, policies, roles and holds.
+
+Events form chains: one per run (`run:<correlation id>`, its steps contend only with each other) and a
+global chain for human actions, pool and policy changes, and the seals of finished runs. Each event
+carries sha256(previous hash + canonical content); PostgreSQL triggers reject UPDATE, DELETE and
+TRUNCATE (see the migrations), so a change made behind the app's back shows up in verification.
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
+
+GLOBAL_CHAIN = "global"
 
 
 class AuditEvent(models.Model):
@@ -10,7 +20,11 @@ class AuditEvent(models.Model):
         USER = "user", "User"
         SERVICE = "service", "Service"
 
-    occurred_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    chain = models.CharField(max_length=64)
+    seq = models.PositiveBigIntegerField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    occurred_at = models.DateTimeField(db_index=True)
     actor_type = models.CharField(max_length=10, choices=ActorType.choices)
     actor_id = models.CharField(max_length=100, blank=True)
     actor_name = models.CharField(max_length=150, help_text="Copied so the record outlives the account")
@@ -23,7 +37,119 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+        constraints = [models.UniqueConstraint(fields=["chain", "seq"], name="audit_event_chain_seq")]
+        indexes = [
+            models.Index(fields=["object_type", "object_id"], name="audit_object"),
+            models.Index(fields=["actor_name", "-id"], name="audit_actor"),
+            models.Index(fields=["action", "-id"], name="audit_action_id"),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.action} {self.object_type}:{self.object_id}"
+        return f"#{self.pk} {self.action} {self.object_type}:{self.object_id}"
+
+
+class ChainHead(models.Model):
+    """The last event of each chain: locked to append, so only events of one chain wait for each other.
+
+    Derived state, never trusted by verification (which recomputes from the events)."""
+
+    chain = models.CharField(max_length=64, primary_key=True)
+    seq = models.PositiveBigIntegerField(default=0)
+    hash = models.CharField(max_length=64)
+    sealed = models.BooleanField(default=False)
+    updated_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.chain}@{self.seq}"
+
+
+class Checkpoint(models.Model):
+    """A signed statement of the chain heads at one moment; also written out of the database."""
+
+    created_at = models.DateTimeField()
+    body = models.JSONField(
+        help_text="What was signed: the heads of the global chain and the open run chains"
+    )
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=64)
+    file_name = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"Checkpoint {self.pk} at {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class ChainPurge(models.Model):
+    """A run chain whose events were deleted under the retention policy. Written in the same
+    transaction as the deletion (the trigger allows deleting only such chains' events)."""
+
+    chain = models.CharField(max_length=64, unique=True)
+    last_seq = models.PositiveBigIntegerField()
+    last_hash = models.CharField(max_length=64)
+    purged_at = models.DateTimeField()
+    reason = models.CharField(max_length=200)
+
+    def __str__(self) -> str:
+        return f"purged {self.chain}"
+
+
+class PolicyRule(models.Model):
+    class Kind(models.TextChoices):
+        SELF_HOSTED_ONLY = "self_hosted_only", "Data of these classes goes to self-hosted workers only"
+        VENDOR_BLOCKED = "vendor_blocked", "These vendors receive no data (of these classes, or of any)"
+        REGION_ALLOWED = "region_allowed", "Data of these classes goes only to workers in these regions"
+
+    name = models.SlugField(max_length=80, unique=True)
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    data_classes = ArrayField(
+        models.CharField(max_length=20), default=list, blank=True, help_text="Empty: all"
+    )
+    vendors = ArrayField(models.CharField(max_length=80), default=list, blank=True)
+    regions = ArrayField(models.CharField(max_length=40), default=list, blank=True)
+    description = models.TextField(blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Role(models.TextChoices):
+    AUDITOR = "auditor", "Auditor"
+    OPERATOR = "operator", "Operator"
+    ML_STAFF = "ml_staff", "ML staff"
+    ADMIN = "admin", "Admin"
+
+
+class ApiToken(models.Model):
+    """An API token that carries a role (at most the roles its user has)."""
+
+    key = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="api_tokens", on_delete=models.CASCADE)
+    role = models.CharField(max_length=20, choices=Role.choices)
+    name = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.name or self.pk} ({self.role}) of {self.user}"
+
+
+class LegalHold(models.Model):
+    """Stops retention from deleting a task's data and record until released."""
+
+    task = models.ForeignKey("routing.Task", related_name="legal_holds", on_delete=models.PROTECT)
+    reason = models.TextField()
+    placed_by = models.CharField(max_length=150)
+    placed_at = models.DateTimeField(auto_now_add=True)
+    released_by = models.CharField(max_length=150, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"hold on {self.task_id}"

@@ -10,7 +10,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 
-from .models import AuditEvent
+from . import chain
+from .models import GLOBAL_CHAIN, AuditEvent
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,20 @@ class Actor:
 ENGINE = Actor.service("engine")
 
 
+def _clean(value: Any) -> Any:
+    # PostgreSQL's jsonb cannot hold NUL characters, which model output may contain.
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
     # Decimals and datetimes become strings exactly as written (no float rounding of money).
-    return json.loads(json.dumps(payload, cls=DjangoJSONEncoder))
+    return _clean(json.loads(json.dumps(payload, cls=DjangoJSONEncoder)))
 
 
 def event_record(
@@ -47,10 +59,14 @@ def event_record(
     task_id: uuid.UUID | None = None,
     correlation_id: uuid.UUID | None = None,
 ) -> AuditEvent:
-    """Append one event. Must run inside the transaction that makes the change it describes."""
+    """Append one event. Must run inside the transaction that makes the change it describes.
+
+    Events of a run (with its correlation id) go to the run's chain; all others to the global chain.
+    """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit events must be written inside the transaction of the change")
-    return AuditEvent.objects.create(
+    return chain.append(
+        chain=chain.chain_for(correlation_id),
         actor_type=actor.type,
         actor_id=actor.id,
         actor_name=actor.name,
@@ -60,4 +76,21 @@ def event_record(
         task_id=task_id,
         correlation_id=correlation_id,
         payload=_jsonable(payload or {}),
+    )
+
+
+def run_chain_seal(*, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | None) -> AuditEvent:
+    """Seal a finished run's chain into the global chain (in the transaction that finishes the run)."""
+    head = chain.seal(chain=chain.run_chain(correlation_id))
+    return chain.append(
+        chain=GLOBAL_CHAIN,
+        actor_type=ENGINE.type,
+        actor_id=ENGINE.id,
+        actor_name=ENGINE.name,
+        action="run.sealed",
+        object_type=run._meta.model_name,
+        object_id=str(run.pk),
+        task_id=task_id,
+        correlation_id=None,
+        payload={"chain": head.chain, "seq": head.seq, "hash": head.hash},
     )

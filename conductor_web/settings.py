@@ -103,6 +103,20 @@ CHANNEL_LAYERS = {
     }
 }
 
+# --- Audit -------------------------------------------------------------------------------
+# The checkpoint signing key lives outside the database; checkpoints are also written out of it.
+AUDIT_SIGNING_KEY_FILE = Path(env_str("AUDIT_SIGNING_KEY_FILE") or VAR_DIR / "audit" / "signing-key.pem")
+AUDIT_SIGNING_KEY_AUTOCREATE = env_bool("AUDIT_SIGNING_KEY_AUTOCREATE", True)
+AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR") or VAR_DIR / "audit" / "checkpoints")
+AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 300, minimum=10)
+# Days a task's data and its run's audit chain are kept, per data class; at least 180 (six months).
+RETENTION_DAYS = {
+    "public": env_int("RETENTION_DAYS_PUBLIC", 365, minimum=180),
+    "internal": env_int("RETENTION_DAYS_INTERNAL", 365, minimum=180),
+    "confidential": env_int("RETENTION_DAYS_CONFIDENTIAL", 730, minimum=180),
+    "restricted": env_int("RETENTION_DAYS_RESTRICTED", 730, minimum=180),
+}
+
 # --- Celery -------------------------------------------------------------------------------
 # The longest run the engine allows; the broker's visibility timeout must exceed it or a
 # still-running task would be handed to a second worker.
@@ -122,6 +136,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-runs": {"task": "routing.tasks.requeue_stalled_runs", "schedule": 60.0},
+    "audit-checkpoint": {
+        "task": "audit.tasks.checkpoint_create",
+        "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
+    },
+    "retention-purge": {"task": "audit.tasks.retention_purge", "schedule": 3600.0},
 }
 CELERY_TASK_ALWAYS_EAGER = False
 

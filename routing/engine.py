@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
-from audit.services import ENGINE, event_record
+from audit.services import ENGINE, event_record, run_chain_seal
 from training import scorers
 
 from .conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
@@ -107,6 +107,11 @@ def execute_run(run_id: int) -> None:
             _finish(run, root)
         except RunStopped as stop:
             _fail(run, str(stop), stop.stop_reason)
+        except Exception as exc:
+            # A bug or an outage: leave a clear failed state rather than a run stuck in "running".
+            log.exception("run %s failed unexpectedly", run_id)
+            _fail(run, f"internal error: {type(exc).__name__}: {exc}", "internal")
+            raise
 
 
 def _claim(run_id: int) -> Run | None:
@@ -749,6 +754,7 @@ def _finish(run: Run, root: Decision) -> None:
                 **totals,
             },
         )
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk)
 
 
 def _fail(run: Run, message: str, stop_reason: str) -> None:
@@ -769,3 +775,4 @@ def _fail(run: Run, message: str, stop_reason: str) -> None:
             correlation_id=run.correlation_id,
             payload={"error": message, "stop_reason": stop_reason},
         )
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)

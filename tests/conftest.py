@@ -19,6 +19,38 @@ from tests.openai_server import OpenAIServer
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _uses_db(request) -> tuple[bool, bool]:
+    marker = request.node.get_closest_marker("django_db")
+    names = set(request.fixturenames)
+    transactional = bool(marker and marker.kwargs.get("transaction")) or bool(
+        names & {"transactional_db", "live_server"}
+    )
+    return bool(marker) or transactional or "db" in names, transactional
+
+
+@pytest.fixture(autouse=True)
+def _audit_triggers_on(request):
+    """Every test runs with the audit tables' append-only triggers firing.
+
+    A transactional test ends with Django's flush (TRUNCATE of every table), which those triggers
+    rightly reject; the flush runs as a superuser's maintenance session would, with triggers off
+    (session_replication_role = replica). The next test turns them back on first.
+    """
+    uses_db, transactional = _uses_db(request)
+    if not uses_db:
+        yield
+        return
+    request.getfixturevalue("_django_db_helper")  # set up first, so torn down (flushed) after this
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = origin")
+    yield
+    if transactional:
+        with connection.cursor() as cursor:
+            cursor.execute("SET session_replication_role = replica")
+
+
 @pytest.fixture(autouse=True)
 def _fast_retries(settings):
     settings.CONDUCTOR_RETRY_BACKOFF_S = 0.01

@@ -1,0 +1,114 @@
+"""Hash chains of audit events: canonical content, appending under the chain head's lock, sealing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
+
+GENESIS = "0" * 64
+
+
+def run_chain(correlation_id: uuid.UUID | str) -> str:
+    return f"run:{correlation_id}"
+
+
+def chain_for(correlation_id: uuid.UUID | None) -> str:
+    return run_chain(correlation_id) if correlation_id else GLOBAL_CHAIN
+
+
+def canonical(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def content_of(
+    *,
+    chain: str,
+    seq: int,
+    occurred_at: datetime,
+    actor_type: str,
+    actor_id: str,
+    actor_name: str,
+    action: str,
+    object_type: str,
+    object_id: str,
+    task_id: Any,
+    correlation_id: Any,
+    payload: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "chain": chain,
+        "seq": seq,
+        "occurred_at": occurred_at.astimezone(UTC).isoformat(),
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "actor_name": actor_name,
+        "action": action,
+        "object_type": object_type,
+        "object_id": object_id,
+        "task_id": str(task_id) if task_id else None,
+        "correlation_id": str(correlation_id) if correlation_id else None,
+        "payload": payload,
+    }
+
+
+def digest(prev_hash: str, content: dict[str, Any]) -> str:
+    return hashlib.sha256(prev_hash.encode() + canonical(content)).hexdigest()
+
+
+def event_content(event: AuditEvent) -> dict[str, Any]:
+    return content_of(
+        chain=event.chain,
+        seq=event.seq,
+        occurred_at=event.occurred_at,
+        actor_type=event.actor_type,
+        actor_id=event.actor_id,
+        actor_name=event.actor_name,
+        action=event.action,
+        object_type=event.object_type,
+        object_id=event.object_id,
+        task_id=event.task_id,
+        correlation_id=event.correlation_id,
+        payload=event.payload,
+    )
+
+
+def _lock_head(chain: str) -> ChainHead:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO audit_chainhead (chain, seq, hash, sealed, updated_at) VALUES (%s, 0, %s, false, now()) "
+            "ON CONFLICT (chain) DO NOTHING",
+            [chain, GENESIS],
+        )
+    return ChainHead.objects.select_for_update().get(chain=chain)
+
+
+def append(*, chain: str, **fields: Any) -> AuditEvent:
+    """Append one event to a chain. The caller's transaction holds the chain head until it commits."""
+    head = _lock_head(chain)
+    if head.sealed:
+        raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
+    occurred_at = timezone.now()
+    seq = head.seq + 1
+    content = content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields)
+    event_hash = digest(head.hash, content)
+    event = AuditEvent.objects.create(
+        chain=chain, seq=seq, prev_hash=head.hash, hash=event_hash, occurred_at=occurred_at, **fields
+    )
+    ChainHead.objects.filter(chain=chain).update(seq=seq, hash=event_hash, updated_at=occurred_at)
+    return event
+
+
+def seal(*, chain: str) -> ChainHead:
+    """Close a run chain; returns its final head, which the caller records in the global chain."""
+    head = _lock_head(chain)
+    ChainHead.objects.filter(chain=chain).update(sealed=True)
+    head.sealed = True
+    return head

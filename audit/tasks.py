@@ -1,0 +1,17 @@
+"""Periodic audit work (beat): signed checkpoints and the retention purge. Thin: they call services."""
+
+from celery import shared_task
+
+
+@shared_task(name="audit.tasks.checkpoint_create")
+def checkpoint_create() -> int:
+    from .checkpoints import checkpoint_create as create
+
+    return create().pk
+
+
+@shared_task(name="audit.tasks.retention_purge")
+def retention_purge() -> int:
+    from .retention import retention_purge as purge
+
+    return len(purge())
