@@ -94,3 +94,47 @@ def run_chain_seal(*, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | 
         correlation_id=None,
         payload={"chain": head.chain, "seq": head.seq, "hash": head.hash},
     )
+
+
+def record_viewed(*, request: Any, task: Any, view: str) -> AuditEvent:
+    """Who looked at a task's record, and where (page, dossier, API, export)."""
+    with transaction.atomic():
+        return event_record(
+            actor=Actor.for_user(request.user),
+            action="record.viewed",
+            obj=task,
+            task_id=task.pk,
+            payload={"view": view, "path": request.path[:300], "ip": request.META.get("REMOTE_ADDR", "")},
+        )
+
+
+def legal_hold_place(*, task: Any, actor: Actor, reason: str) -> Any:
+    from .models import LegalHold
+
+    with transaction.atomic():
+        hold = LegalHold.objects.create(task=task, reason=reason, placed_by=actor.name)
+        event_record(
+            actor=actor, action="legalhold.placed", obj=hold, task_id=task.pk, payload={"reason": reason}
+        )
+    return hold
+
+
+def legal_hold_release(*, task: Any, actor: Actor) -> int:
+    from django.utils import timezone
+
+    from .models import LegalHold
+
+    with transaction.atomic():
+        holds = list(LegalHold.objects.select_for_update().filter(task=task, released_at__isnull=True))
+        for hold in holds:
+            hold.released_at = timezone.now()
+            hold.released_by = actor.name
+            hold.save(update_fields=["released_at", "released_by"])
+            event_record(
+                actor=actor,
+                action="legalhold.released",
+                obj=hold,
+                task_id=task.pk,
+                payload={"reason": hold.reason},
+            )
+    return len(holds)

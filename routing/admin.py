@@ -1,32 +1,10 @@
 """Admin for the pool and conductor versions. Every save is an audit event in the same transaction."""
 
 from django.contrib import admin
-from django.db import transaction
 
-from audit.services import Actor, event_record
+from audit.admin import AuditedAdmin
 
 from .models import ConductorVersion, Worker
-
-
-class AuditedAdmin(admin.ModelAdmin):
-    def save_model(self, request, obj, form, change):
-        with transaction.atomic():
-            super().save_model(request, obj, form, change)
-            if change and not form.changed_data:
-                return
-            model = obj._meta.model_name
-            event_record(
-                actor=Actor.for_user(request.user),
-                action=f"{model}.{'updated' if change else 'registered'}",
-                obj=obj,
-                payload={
-                    "via": "admin",
-                    "changed": {f: str(form.cleaned_data.get(f)) for f in form.changed_data},
-                },
-            )
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # the record refers to them; disable instead
 
 
 @admin.register(Worker)

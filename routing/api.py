@@ -5,6 +5,10 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit.models import Role
+from audit.roles import EVERYONE
+from audit.services import record_viewed
+
 from . import selectors
 from .models import Task
 from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
@@ -12,6 +16,7 @@ from .services import IdempotencyConflict, SubmissionError, TaskSubmission, task
 
 
 class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    required_roles = {"GET": EVERYONE, "POST": (Role.OPERATOR,)}
     lookup_value_regex = "[0-9a-f-]{36}"
 
     def get_queryset(self):
@@ -27,6 +32,7 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
     def retrieve(self, request: Request, *args, **kwargs) -> Response:
         task = selectors.task_detail(task_id=self.get_object().pk)
+        record_viewed(request=request, task=task, view="api")
         return Response(TaskDetailOutput(task).data)
 
     @extend_schema(
@@ -62,6 +68,7 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
 
 class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    required_roles = {"GET": EVERYONE}
     serializer_class = WorkerOutput
     lookup_field = "slug"
     pagination_class = None

@@ -28,6 +28,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
+from audit import policies
 from audit.services import ENGINE, event_record, run_chain_seal
 from training import scorers
 
@@ -164,10 +165,9 @@ def _claim(run_id: int) -> Run | None:
 # --- planning -----------------------------------------------------------------------------------
 
 
-def _allowed_workers(task: Task) -> list[Worker]:
-    return list(
-        Worker.objects.filter(enabled=True, data_classes__contains=[task.classification]).order_by("slug")
-    )
+def _screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    """Enabled workers the task's data may go to, and those its policies withhold (with the rule)."""
+    return policies.screen(list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification)
 
 
 def _steps_used(run: Run) -> int:
@@ -181,11 +181,12 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     if valid is not None:
         return valid
     task = run.task
-    workers = _allowed_workers(task)
+    workers, withheld = _screened_workers(task)
     if not workers:
+        reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(
-            f"no enabled worker may receive {task.classification} data; register or enable one",
-            stop_reason="no_workers",
+            f"no enabled worker may receive {task.classification} data ({reasons})",
+            stop_reason="policy_blocked" if withheld else "no_workers",
         )
     remaining = task.max_steps - _steps_used(run)
     if remaining <= 0:
@@ -200,6 +201,7 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         }
     conductor = conductor_for(run.conductor_version)
     tries = decisions.count()
+    last_blocked: policies.Verdict | None = None
     feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
     while tries < PLAN_TRIES:
         tries += 1
@@ -215,15 +217,52 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         proposal = _propose(run, conductor, request)
         plan: Plan | None = None
         error = ""
+        blocked: policies.Verdict | None = None
         try:
+            # Withheld workers parse, so that a plan naming one is recorded as blocked by its rule.
             plan = parse_plan(
                 proposal.raw_output,
-                allowed_workers=set(request.allowed_slugs),
+                allowed_workers=set(request.allowed_slugs) | set(withheld),
                 max_steps=request.max_steps,
                 allow_empty=parent_step is not None,
             )
         except PlanError as exc:
             error = str(exc)
+        checks: dict[str, Any] = {
+            "withheld": {slug: v.as_dict() for slug, v in withheld.items()},
+            "steps": [],
+        }
+        if plan is not None:
+            for i, step in enumerate(plan.steps):
+                verdict = withheld.get(step.worker)
+                if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
+                    verdict = policies.judge(
+                        next(w for w in workers if w.slug == step.worker),
+                        task.classification,
+                        policies.active_rules(),
+                    )
+                checks["steps"].append(
+                    {
+                        "index": i,
+                        **(
+                            verdict.as_dict()
+                            if verdict
+                            else {
+                                "worker": step.worker,
+                                "allowed": True,
+                                "rule": "",
+                                "reason": "the conductor itself",
+                            }
+                        ),
+                    }
+                )
+                if blocked is None and verdict is not None and not verdict.allowed:
+                    blocked = verdict
+                    error = (
+                        f"blocked by policy '{verdict.rule}': step {i} ({verdict.worker}): {verdict.reason}"
+                    )
+            if blocked is not None:
+                plan = None
         decision = _record_decision(
             run,
             parent_step=parent_step,
@@ -233,10 +272,15 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             plan=plan,
             error=error,
             workers={w.slug: w for w in workers},
+            policy_checks=checks,
+            blocked_by=blocked.rule if blocked else "",
         )
         if plan is not None:
             return decision
         feedback = error
+        last_blocked = blocked
+    if last_blocked is not None:
+        raise RunStopped(f"the conductor's plan was blocked twice; {feedback}", stop_reason="policy_blocked")
     raise RunStopped(
         f"the conductor's plan was invalid twice; last error: {feedback}", stop_reason="invalid_plan"
     )
@@ -284,6 +328,8 @@ def _record_decision(
     plan: Plan | None,
     error: str,
     workers: dict[str, Worker],
+    policy_checks: dict[str, Any],
+    blocked_by: str,
 ) -> Decision:
     version = run.conductor_version
     with transaction.atomic():
@@ -300,6 +346,8 @@ def _record_decision(
             valid=plan is not None,
             error=error,
             alternatives=proposal.alternatives,
+            policy_checks=policy_checks,
+            blocked_by=blocked_by,
             input_tokens=proposal.input_tokens,
             output_tokens=proposal.output_tokens,
             cost_usd=proposal.cost_usd,
@@ -330,7 +378,9 @@ def _record_decision(
             )
         event_record(
             actor=ENGINE,
-            action="plan.emitted" if plan is not None else "plan.rejected",
+            action="plan.emitted"
+            if plan is not None
+            else ("plan.blocked" if blocked_by else "plan.rejected"),
             obj=decision,
             task_id=run.task_id,
             correlation_id=run.correlation_id,
@@ -344,6 +394,8 @@ def _record_decision(
                 "plan": plan.as_dict() if plan is not None else None,
                 "error": error,
                 "alternatives": proposal.alternatives,
+                "policy_checks": policy_checks,
+                "blocked_by": blocked_by,
             },
         )
     return decision
@@ -503,6 +555,11 @@ def _call_worker(run: Run, step: Step) -> None:
         )
         _step_failed(run, step, message)
         raise RunStopped(message, stop_reason="unknown_worker")
+    verdict = policies.judge(worker, run.task.classification, policies.active_rules())
+    if not verdict.allowed:  # a rule may have changed since the plan was checked
+        message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
+        _step_failed(run, step, message, note=f"policy {verdict.rule}")
+        raise RunStopped(message, stop_reason="policy_blocked")
     counted = step.attempts.exclude(status=Attempt.Status.LOST)
     made = counted.count()
     number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1

@@ -150,6 +150,9 @@ class Task(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    purged_at = models.DateTimeField(
+        null=True, blank=True, help_text="Content deleted under the retention policy"
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -227,6 +230,12 @@ class Decision(models.Model):
     valid = models.BooleanField(default=False)
     error = models.TextField(blank=True)
     alternatives = models.JSONField(default=list, blank=True)
+    policy_checks = models.JSONField(
+        default=dict, blank=True, help_text="Workers withheld and each step's verdict"
+    )
+    blocked_by = models.CharField(
+        max_length=80, blank=True, help_text="The policy rule that blocked this plan"
+    )
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.DecimalField(**USD, default=ZERO)

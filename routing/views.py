@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.dateparse import parse_datetime
+
+from audit.models import Role
+from audit.roles import EVERYONE, role_required
+from audit.services import record_viewed
 
 from . import selectors
 from .forms import TaskSubmitForm
@@ -14,7 +17,7 @@ from .services import SubmissionError, TaskSubmission, task_submit
 PAGE_SIZE = 50
 
 
-@login_required
+@role_required(*EVERYONE)
 def task_list(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status") or None
     classification = request.GET.get("classification") or None
@@ -40,7 +43,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@login_required
+@role_required(Role.OPERATOR)
 def task_submit_view(request: HttpRequest) -> HttpResponse:
     form = TaskSubmitForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -60,16 +63,17 @@ def task_submit_view(request: HttpRequest) -> HttpResponse:
     return render(request, "routing/task_submit.html", {"form": form})
 
 
-@login_required
+@role_required(*EVERYONE)
 def task_detail(request: HttpRequest, task_id) -> HttpResponse:
     try:
         task = selectors.task_detail(task_id=task_id)
     except Task.DoesNotExist as exc:
         raise Http404("No such task") from exc
     runs = list(task.runs.all())
+    record_viewed(request=request, task=task, view="task page")
     return render(request, "routing/task_detail.html", {"task": task, "runs": runs})
 
 
-@login_required
+@role_required(*EVERYONE)
 def worker_list(request: HttpRequest) -> HttpResponse:
     return render(request, "routing/worker_list.html", {"workers": selectors.worker_list()})

@@ -223,3 +223,18 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def make_user(db):
+    """`make_user("ann", "auditor")`: a user holding those roles (none: a user with no role)."""
+    from django.contrib.auth import get_user_model
+
+    from audit.roles import user_set_roles
+
+    def _make(username: str, *roles: str, password: str = "correct horse battery staple"):
+        user = get_user_model().objects.create_user(username=username, password=password)
+        user_set_roles(user=user, roles=roles)
+        return user
+
+    return _make

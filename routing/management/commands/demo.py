@@ -104,6 +104,7 @@ class Command(BaseCommand):
             )
             self._wait(batch, o["timeout"])
             self._report(batch, time.monotonic() - started if new else None)
+            call_command("audit_checkpoint")
             url = f"http://{o['host']}:{o['port']}/"
             self.stdout.write(self.style.SUCCESS(f"\nOpen {url} and log in as {username} / {password}"))
             self.stdout.write(f"Logs: {log_dir}")

@@ -1,0 +1,91 @@
+"""Retention: after its data class's period, a finished task's content is deleted and its runs' audit
+chains with it; a legal hold stops both. Every deletion is recorded in the global chain, so the record
+still verifies: the seal of each deleted run chain stays, and a ChainPurge row says why it is empty."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from routing.models import Attempt, Decision, Run, RunStatus, Step, Task
+
+from .chain import run_chain
+from .models import AuditEvent, ChainHead, ChainPurge, LegalHold
+from .services import Actor, event_record
+
+PURGED = "[deleted under the retention policy]"
+BATCH = 100  # tasks per transaction: bounded lock time and memory
+
+
+def due_tasks(now: datetime) -> list[Task]:
+    due = []
+    for classification, days in settings.RETENTION_DAYS.items():
+        cutoff = now - timedelta(days=days)
+        due += list(
+            Task.objects.filter(
+                classification=classification,
+                finished_at__lt=cutoff,
+                purged_at__isnull=True,
+                status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED],
+            )
+            .exclude(pk__in=LegalHold.objects.filter(released_at__isnull=True).values("task_id"))
+            .order_by("finished_at")[:BATCH]
+        )
+    return due
+
+
+def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.purged_at is not None or task.legal_holds.filter(released_at__isnull=True).exists():
+            return
+        runs = list(Run.objects.filter(task=task))
+        if any(run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED) for run in runs):
+            return  # a run still going: its chain is open
+        chains = []
+        for run in runs:
+            name = run_chain(run.correlation_id)
+            head = ChainHead.objects.filter(chain=name).first()
+            if head is None or not head.sealed:
+                continue
+            ChainPurge.objects.create(
+                chain=name, last_seq=head.seq, last_hash=head.hash, purged_at=now, reason="retention"
+            )
+            deleted, _ = AuditEvent.objects.filter(chain=name).delete()
+            chains.append({"chain": name, "events": deleted, "last_seq": head.seq, "last_hash": head.hash})
+        Step.objects.filter(run__task=task).update(
+            instruction=PURGED, messages_sent=None, response=PURGED, error=""
+        )
+        Decision.objects.filter(run__task=task).update(
+            prompt=[], raw_output=PURGED, plan=None, alternatives=[]
+        )
+        Attempt.objects.filter(step__run__task=task).update(error="")
+        Run.objects.filter(task=task).update(final_answer=PURGED, error="")
+        Task.objects.filter(pk=task.pk).update(
+            text=PURGED, reference=None, final_answer=PURGED, error="", purged_at=now
+        )
+        event_record(
+            actor=actor,
+            action="task.purged",
+            obj=task,
+            task_id=task.pk,
+            payload={
+                "classification": task.classification,
+                "finished_at": task.finished_at,
+                "retention_days": settings.RETENTION_DAYS[task.classification],
+                "chains": chains,
+            },
+        )
+
+
+def retention_purge(*, now: datetime | None = None) -> list[Task]:
+    now = now or timezone.now()
+    actor = Actor.service("retention")
+    purged = []
+    for task in due_tasks(now):
+        task_purge(task=task, actor=actor, now=now)
+        purged.append(task)
+    return purged

@@ -1,0 +1,15 @@
+from django.urls import path
+
+from . import views
+
+app_name = "audit"
+
+urlpatterns = [
+    path("", views.event_log, name="event-log"),
+    path("export.<str:fmt>", views.export_events, name="export"),
+    path("tasks/<uuid:task_id>/", views.dossier, name="dossier"),
+    path("tasks/<uuid:task_id>/hold/", views.hold, name="hold"),
+    path("vendors/", views.vendor_report, name="vendors"),
+    path("policies/", views.policy_report, name="policies"),
+    path("verify/", views.verify_page, name="verify"),
+]

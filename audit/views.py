@@ -1,0 +1,220 @@
+"""Pages for auditors: event log, task dossier, vendor exposure, policy report, verification, exports."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+from django.views.decorators.http import require_POST
+
+from routing import selectors as routing_selectors
+from routing.models import Task
+
+from . import selectors
+from .exports import checkpoint_reference, stream_csv, stream_jsonl
+from .models import Role
+from .roles import request_roles, role_required
+from .services import Actor, event_record, legal_hold_place, legal_hold_release, record_viewed
+from .verify import verify
+
+AUDIT_ROLES = (Role.AUDITOR,)
+
+
+def _when(value: str | None, *, end: bool = False) -> datetime | None:
+    if not value:
+        return None
+    moment = parse_datetime(value)
+    if moment is None:
+        day = parse_date(value)
+        if day is None:
+            return None
+        moment = datetime.combine(day, datetime.max.time() if end else datetime.min.time())
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+def _filter(request: HttpRequest) -> selectors.EventFilter:
+    get = request.GET
+    return selectors.EventFilter(
+        action=get.get("action", "").strip(),
+        actor=get.get("actor", "").strip(),
+        task_id=get.get("task", "").strip(),
+        object_type=get.get("object_type", "").strip(),
+        chain=get.get("chain", "").strip(),
+        q=get.get("q", "").strip(),
+        since=_when(get.get("since")),
+        until=_when(get.get("until"), end=True),
+    )
+
+
+@role_required(*AUDIT_ROLES)
+def event_log(request: HttpRequest) -> HttpResponse:
+    flt = _filter(request)
+    before = request.GET.get("before")
+    rows, next_before = selectors.event_page(flt, before=int(before) if before and before.isdigit() else None)
+    params = flt.as_params()
+    return render(
+        request,
+        "audit/event_log.html",
+        {"events": rows, "next_before": next_before, "filters": request.GET, "params": params},
+    )
+
+
+@role_required(*AUDIT_ROLES)
+def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
+    if fmt not in ("csv", "jsonl"):
+        raise Http404("exports are .csv or .jsonl")
+    flt = _filter(request)
+    params = flt.as_params()
+    qs = selectors.events(flt)
+    with_transaction_event(request, "audit.exported", payload={"format": fmt, "filters": params})
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            stream_csv(qs, filters=params), content_type="text/csv; charset=utf-8"
+        )
+    else:
+        response = StreamingHttpResponse(
+            stream_jsonl(qs, filters=params), content_type="application/x-ndjson"
+        )
+    response["Content-Disposition"] = f'attachment; filename="audit-events-{stamp}.{fmt}"'
+    reference = checkpoint_reference()
+    if reference:
+        response["X-Audit-Checkpoint"] = f"{reference['id']}; key={reference['key_id']}"
+    return response
+
+
+def with_transaction_event(
+    request: HttpRequest, action: str, *, payload: dict[str, Any], obj: Any = None
+) -> None:
+    from django.db import transaction
+
+    with transaction.atomic():
+        event_record(
+            actor=Actor.for_user(request.user), action=action, obj=obj or request.user, payload=payload
+        )
+
+
+def _dossier_context(task: Task) -> dict[str, Any]:
+    runs = list(task.runs.all())
+    for run in runs:
+        decisions = list(run.decisions.all())
+        by_decision = {d.pk: d for d in decisions}
+        steps = list(run.steps.all())
+        for step in steps:
+            decision = by_decision.get(step.decision_id)
+            step.why_thought = decision.plan.get("thought", "") if decision and decision.plan else ""
+            alternatives = decision.alternatives if decision else []
+            step.why_alternatives = (
+                alternatives[step.index]["candidates"] if step.index < len(alternatives) else []
+            )
+            verdicts = (decision.policy_checks or {}).get("steps", []) if decision else []
+            step.policy = next((v for v in verdicts if v.get("index") == step.index), None)
+            indices = list(range(step.index)) if step.access == "all" else list(step.access or [])
+            step.saw = [s for s in steps if s.decision_id == step.decision_id and s.index in indices]
+        run.dossier_steps = steps
+        run.dossier_decisions = decisions
+    chains = selectors.task_chains(task)
+    report = verify(chains=chains) if chains else None
+    return {
+        "task": task,
+        "runs": runs,
+        "events": list(selectors.task_events(task)),
+        "proof": report,
+        "checkpoint": checkpoint_reference(),
+        "holds": list(task.legal_holds.order_by("-placed_at")),
+        "retention_days": settings.RETENTION_DAYS.get(task.classification),
+    }
+
+
+@role_required(*AUDIT_ROLES)
+def dossier(request: HttpRequest, task_id) -> HttpResponse:
+    try:
+        task = routing_selectors.task_detail(task_id=task_id)
+    except Task.DoesNotExist as exc:
+        raise Http404("No such task") from exc
+    context = _dossier_context(task)
+    if request.GET.get("download"):
+        record_viewed(request=request, task=task, view="dossier export")
+        css = (settings.BASE_DIR / "static" / "css" / "app.css").read_text()
+        html = render_to_string(
+            "audit/dossier_file.html",
+            {
+                **context,
+                "css": css,
+                "exported_at": timezone.now(),
+                "exported_by": request.user.get_username(),
+            },
+        )
+        response = HttpResponse(html, content_type="text/html; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="dossier-{task.pk}.html"'
+        return response
+    record_viewed(request=request, task=task, view="dossier")
+    return render(
+        request, "audit/dossier.html", {**context, "can_hold": Role.ADMIN in request_roles(request)}
+    )
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def hold(request: HttpRequest, task_id) -> HttpResponse:
+    task = get_object_or_404(Task, pk=task_id)
+    actor = Actor.for_user(request.user)
+    if request.POST.get("action") == "release":
+        legal_hold_release(task=task, actor=actor)
+    else:
+        legal_hold_place(task=task, actor=actor, reason=request.POST.get("reason", "").strip() or "not given")
+    return redirect("audit:dossier", task_id=task.pk)
+
+
+@role_required(*AUDIT_ROLES)
+def vendor_report(request: HttpRequest) -> HttpResponse:
+    since, until = _when(request.GET.get("since")), _when(request.GET.get("until"), end=True)
+    rows = selectors.vendor_exposure(since=since, until=until)
+    vendor, classification = request.GET.get("vendor"), request.GET.get("classification")
+    tasks = (
+        selectors.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
+        if vendor and classification
+        else None
+    )
+    return render(
+        request,
+        "audit/vendor_report.html",
+        {
+            "rows": rows,
+            "tasks": tasks,
+            "vendor": vendor,
+            "classification": classification,
+            "filters": request.GET,
+        },
+    )
+
+
+@role_required(*AUDIT_ROLES)
+def policy_report(request: HttpRequest) -> HttpResponse:
+    since, until = _when(request.GET.get("since")), _when(request.GET.get("until"), end=True)
+    return render(
+        request,
+        "audit/policy_report.html",
+        {
+            "rules": selectors.policy_rules(),
+            "events": selectors.policy_events(since=since, until=until),
+            "filters": request.GET,
+        },
+    )
+
+
+@role_required(*AUDIT_ROLES)
+def verify_page(request: HttpRequest) -> HttpResponse:
+    report = None
+    if request.method == "POST":
+        report = verify()
+        with_transaction_event(
+            request, "audit.verified", payload={"intact": report.intact, "summary": report.summary()}
+        )
+    return render(request, "audit/verify.html", {"report": report, "checkpoint": checkpoint_reference()})
