@@ -1,4 +1,3 @@
-from django.utils import timezone
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
@@ -12,7 +11,7 @@ class RoleTokenAuthentication(TokenAuthentication):
 
     def authenticate_credentials(self, key):
         token = ApiToken.objects.select_related("user").filter(key=key, revoked_at__isnull=True).first()
-        if token is None or (token.revoked_at and token.revoked_at <= timezone.now()):
+        if token is None:
             raise AuthenticationFailed("invalid or revoked token")
         if not token.user.is_active:
             raise AuthenticationFailed("user inactive")

@@ -72,8 +72,10 @@ class HasRole(BasePermission):
     def has_permission(self, request, view) -> bool:
         if not request.user or not request.user.is_authenticated:
             return False
-        required = getattr(view, "required_roles", {}).get(request.method, EVERYONE)
-        return has_role(request, required)
+        declared = getattr(view, "required_roles", {})
+        # A method a view did not list: reads are open to every role, writes to admins only.
+        default = EVERYONE if request.method in ("GET", "HEAD", "OPTIONS") else (Role.ADMIN,)
+        return has_role(request, declared.get(request.method, default))
 
 
 def user_set_roles(*, user: Any, roles: Iterable[str]) -> None:

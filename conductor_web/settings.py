@@ -191,6 +191,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["audit.roles.HasRole"],
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------

@@ -170,6 +170,17 @@ def _screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verd
     return policies.screen(list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification)
 
 
+def _offerable_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    workers, withheld = _screened_workers(task)
+    if not workers:
+        reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
+        raise RunStopped(
+            f"no enabled worker may receive {task.classification} data ({reasons})",
+            stop_reason="policy_blocked" if withheld else "no_workers",
+        )
+    return workers, withheld
+
+
 def _steps_used(run: Run) -> int:
     return Step.objects.filter(run=run).count()
 
@@ -181,13 +192,7 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     if valid is not None:
         return valid
     task = run.task
-    workers, withheld = _screened_workers(task)
-    if not workers:
-        reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
-        raise RunStopped(
-            f"no enabled worker may receive {task.classification} data ({reasons})",
-            stop_reason="policy_blocked" if withheld else "no_workers",
-        )
+    workers, withheld = _offerable_workers(task)
     remaining = task.max_steps - _steps_used(run)
     if remaining <= 0:
         raise RunStopped(
@@ -203,8 +208,12 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     tries = decisions.count()
     last_blocked: policies.Verdict | None = None
     feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
+    asked = False
     while tries < PLAN_TRIES:
         tries += 1
+        if asked:  # rules may have changed while the conductor answered: offer what they allow now
+            workers, withheld = _offerable_workers(task)
+        asked = True
         request = PlanRequest(
             task_text=task.text,
             domain=task.domain,

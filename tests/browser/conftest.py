@@ -74,13 +74,12 @@ def page(browser: Browser, live_server) -> Iterator[Page]:
 
 
 @pytest.fixture
-def log_in(page: Page, live_server) -> Callable[..., object]:
-    """`log_in("grace")`: create that user and log in through the real form at /login/."""
+def log_in(page: Page, live_server, make_user) -> Callable[..., object]:
+    """`log_in("grace", "operator")`: create that user with those roles and log in through the real
+    form at /login/. The login lands on the task list, which needs a role: give at least one."""
 
-    def _log_in(username: str = "grace"):
-        from django.contrib.auth import get_user_model
-
-        user = get_user_model().objects.create_user(username, password=PASSWORD)
+    def _log_in(username: str = "grace", *roles: str):
+        user = make_user(username, *roles, password=PASSWORD)
         page.goto("/login/")
         page.get_by_label("Username").fill(username)
         page.get_by_label("Password").fill(PASSWORD)

@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 from playwright.sync_api import Page, expect
 
+from audit.models import Role
 from routing import engine
 from routing.models import RunStatus, Task
 from routing.services import TaskSubmission, task_submit
@@ -50,7 +51,7 @@ def program_two_step_run(server) -> None:
 def test_a_task_submitted_in_the_browser_shows_its_text_literally_and_then_its_run(
     page: Page, live_pool, log_in, screenshot
 ):
-    user = log_in("grace")
+    user = log_in("grace", Role.OPERATOR)
 
     task = submit_through_the_form(page, TASK_TEXT, screenshot)
 
@@ -118,7 +119,7 @@ def test_a_task_submitted_in_the_browser_shows_its_text_literally_and_then_its_r
 def test_the_task_list_shows_submitted_tasks_and_filters_them_by_status_and_text(
     page: Page, live_pool, log_in, screenshot
 ):
-    user = log_in("ada")
+    user = log_in("ada", Role.OPERATOR)
     done = submit_through_the_form(page, "Translate hello to French")
     program_two_step_run(live_pool["server"])
     engine.execute_run(done.runs.get().pk)
@@ -164,7 +165,7 @@ def test_the_task_list_shows_submitted_tasks_and_filters_them_by_status_and_text
 
 
 def test_the_workers_page_lists_the_pool(page: Page, live_pool, log_in, screenshot):
-    log_in("linus")
+    log_in("linus", Role.ML_STAFF)
 
     page.get_by_role("navigation").get_by_role("link", name="Workers").click()
 
@@ -208,6 +209,30 @@ def test_the_workers_page_lists_the_pool(page: Page, live_pool, log_in, screensh
         expect(row).to_have_count(1)
         expect(row.locator("td")).to_have_text(cells)
     screenshot("workers")
+
+
+def test_an_auditor_reads_the_tasks_but_is_offered_no_way_to_submit(
+    page: Page, live_pool, log_in, screenshot
+):
+    log_in("ann", Role.AUDITOR)
+    task, _ = task_submit(submission=TaskSubmission(text="Sum 2 and 3"), source=Task.Source.API)
+
+    page.reload()
+
+    nav = page.get_by_role("navigation")
+    for name in ("Tasks", "Workers", "Audit log"):
+        expect(nav.get_by_role("link", name=name)).to_be_visible()
+    expect(nav.get_by_role("link", name="Submit")).to_have_count(0)
+    expect(page.get_by_role("link", name="Submit a task")).to_have_count(0)
+    expect(page.locator('a[href="/tasks/new/"]')).to_have_count(0)
+    rows = page.locator("table.data tbody tr")
+    expect(rows).to_have_count(1)
+    screenshot("task-list-auditor")
+
+    rows.nth(0).get_by_role("link").click()
+    page.wait_for_url(re.compile(rf"/tasks/{task.pk}/$"))
+    expect(page.locator("pre.text").first).to_have_text("Sum 2 and 3")
+    expect(nav.get_by_role("link", name="Submit")).to_have_count(0)
 
 
 def test_an_anonymous_visit_goes_to_the_login_page_which_is_styled(page: Page, live_server, screenshot):

@@ -6,12 +6,14 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.models import AuditEvent
+from audit.models import ApiToken, AuditEvent, Role
+from audit.roles import token_create, user_set_roles
 from routing import engine
-from routing.models import Run, RunStatus, Task
+from routing.models import Run, RunStatus, Task, Worker
+from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,15 +22,19 @@ TASKS = "/api/tasks/"
 
 
 @pytest.fixture
-def user():
-    return get_user_model().objects.create_user("ada", password="correct horse battery")
+def user(make_user):
+    return make_user("ada", Role.OPERATOR, password="correct horse battery")
+
+
+def token_client(token: ApiToken) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
 
 
 @pytest.fixture
 def api(user) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+    return token_client(token_create(user=user, role=Role.OPERATOR))
 
 
 def post(api: APIClient, body: dict, **headers):
@@ -60,6 +66,150 @@ def test_token_auth_works_and_the_task_records_who_submitted_it(api, user):
 
     assert response.status_code == 201, response.data
     assert Task.objects.get(pk=response.data["id"]).submitted_by == user
+
+
+# --- roles and tokens -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def read_urls() -> list[str]:
+    """Every read endpoint, each with something to show: one task and one worker exist."""
+    task, _ = task_submit(submission=TaskSubmission(text="What is 2 + 2?"), source=Task.Source.CLI)
+    worker = Worker.objects.create(
+        slug="alpha",
+        display_name="Alpha",
+        litellm_model="openai/alpha",
+        vendor="acme",
+        input_usd_per_mtok=Decimal("1.00"),
+        output_usd_per_mtok=Decimal("2.00"),
+        price_source=Worker.PriceSource.OVERRIDE,
+    )
+    return ["/api/", TASKS, f"{TASKS}{task.pk}/", "/api/workers/", f"/api/workers/{worker.slug}/"]
+
+
+def test_a_user_without_a_role_is_refused_by_every_endpoint(make_user, read_urls):
+    nobody = make_user("nobody")
+    client = APIClient()
+    client.force_login(nobody)  # a session: such a user cannot be given a token
+
+    for url in read_urls:
+        assert client.get(url).status_code == 403, url
+    assert post(client, {"text": "What is 3 + 3?"}).status_code == 403
+    assert list(Task.objects.values_list("text", flat=True)) == ["What is 2 + 2?"]
+    assert not AuditEvent.objects.filter(action="record.viewed").exists()
+    with pytest.raises(ValueError, match="does not hold the role"):
+        token_create(user=nobody, role=Role.AUDITOR)
+    assert not ApiToken.objects.exists()
+
+
+@pytest.mark.parametrize("role", Role.values)
+def test_every_role_may_read_every_endpoint(make_user, read_urls, role):
+    reader = make_user("reader", role)
+    client = token_client(token_create(user=reader, role=role))
+
+    for url in read_urls:
+        assert client.get(url).status_code == 200, url
+    assert AuditEvent.objects.get(action="record.viewed").actor_name == "reader"
+
+
+@pytest.mark.parametrize(
+    ("role", "allowed"),
+    [(Role.OPERATOR, True), (Role.ADMIN, True), (Role.AUDITOR, False), (Role.ML_STAFF, False)],
+)
+def test_only_operators_and_admins_may_submit(make_user, role, allowed):
+    client = token_client(token_create(user=make_user("someone", role), role=role))
+
+    response = post(client, {"text": "What is 2 + 2?"})
+
+    assert response.status_code == (201 if allowed else 403)
+    assert Task.objects.exists() == allowed
+    assert AuditEvent.objects.filter(action="task.submitted").exists() == allowed
+
+
+def test_an_auditor_may_read_but_not_submit_with_a_token_or_a_session(make_user, read_urls):
+    auditor = make_user("ann", Role.AUDITOR)
+    with_token = token_client(token_create(user=auditor, role=Role.AUDITOR))
+    with_session = APIClient()
+    with_session.force_login(auditor)
+
+    for client in (with_token, with_session):
+        assert client.get(TASKS).status_code == 200
+        assert client.get(read_urls[2]).status_code == 200
+        response = post(client, {"text": "What is 3 + 3?"})
+        assert response.status_code == 403
+        assert response.data["detail"] == "your role does not allow this"
+    assert list(Task.objects.values_list("text", flat=True)) == ["What is 2 + 2?"]
+    assert AuditEvent.objects.filter(action="task.submitted").count() == 1  # the fixture's task
+
+
+def test_a_superuser_is_an_admin_and_may_submit():
+    root = get_user_model().objects.create_superuser("root", email="", password="y" * 12)
+    client = token_client(token_create(user=root, role=Role.ADMIN))
+
+    response = post(client, {"text": "What is 2 + 2?"})
+
+    assert response.status_code == 201, response.data
+    assert Task.objects.get().submitted_by == root
+
+
+def test_the_token_narrows_its_users_roles_to_its_own(make_user):
+    both = make_user("bo", Role.OPERATOR, Role.AUDITOR)
+    as_operator = token_client(token_create(user=both, role=Role.OPERATOR))
+    as_auditor = token_client(token_create(user=both, role=Role.AUDITOR))
+
+    refused = post(as_auditor, {"text": "As an auditor"})
+    accepted = post(as_operator, {"text": "As an operator"})
+
+    assert refused.status_code == 403
+    assert accepted.status_code == 201, accepted.data
+    assert as_auditor.get(TASKS).status_code == 200  # the auditor token still reads
+    assert list(Task.objects.values_list("text", flat=True)) == ["As an operator"]
+    assert Task.objects.get().submitted_by == both
+    # Without a token (a session) the user acts with all of its roles.
+    session = APIClient()
+    session.force_login(both)
+    assert post(session, {"text": "In a session"}).status_code == 201
+
+
+def test_a_token_cannot_carry_a_role_its_user_does_not_hold(make_user):
+    auditor = make_user("ann", Role.AUDITOR)
+
+    with pytest.raises(ValueError, match="does not hold the role"):
+        token_create(user=auditor, role=Role.OPERATOR)
+    assert not ApiToken.objects.exists()
+
+
+def test_a_token_loses_the_role_its_user_loses(user, api):
+    assert post(api, {"text": "Before"}).status_code == 201
+
+    user_set_roles(user=user, roles=[Role.AUDITOR])
+
+    assert post(api, {"text": "After"}).status_code == 403
+    assert api.get(TASKS).status_code == 403  # an operator token of a user who is no operator
+    assert list(Task.objects.values_list("text", flat=True)) == ["Before"]
+
+
+def test_a_revoked_token_is_refused(user):
+    token = token_create(user=user, role=Role.OPERATOR)
+    client = token_client(token)
+    assert client.get(TASKS).status_code == 200
+
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+
+    assert client.get(TASKS).status_code in (401, 403)
+    assert post(client, {"text": "What is 2 + 2?"}).status_code in (401, 403)
+    assert not Task.objects.exists()
+    # The same user's unrevoked token still works: the refusal is the revocation's.
+    fresh = token_client(token_create(user=user, role=Role.OPERATOR))
+    assert post(fresh, {"text": "What is 2 + 2?"}).status_code == 201
+
+
+def test_a_token_of_an_inactive_user_is_refused(user, api):
+    get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+
+    assert api.get(TASKS).status_code in (401, 403)
+    assert post(api, {"text": "What is 2 + 2?"}).status_code in (401, 403)
+    assert not Task.objects.exists()
 
 
 # --- submission -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, Role
 from routing import engine
 from routing.models import Task
 from routing.services import TaskSubmission, task_submit
@@ -24,15 +24,19 @@ XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 
 
 @pytest.fixture
-def user():
-    return get_user_model().objects.create_user("grace", password="correct horse battery")
+def user(make_user):
+    return make_user("grace", Role.OPERATOR, password="correct horse battery")
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture
 def client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in(user)
 
 
 def submit(text: str) -> Task:
@@ -65,6 +69,78 @@ def test_the_login_page_logs_in(user):
 
     assert response.status_code == 302 and response["Location"] == "/"
     assert client.get("/").status_code == 200
+
+
+# --- roles ------------------------------------------------------------------------------------
+
+
+SUBMIT_LINK = 'href="/tasks/new/"'
+
+
+def read_urls(task: Task) -> list[str]:
+    return ["/", "/workers/", f"/tasks/{task.pk}/"]
+
+
+def test_a_user_without_a_role_gets_403_on_every_page(make_user):
+    task = submit("What is 2 + 2?")
+    client = logged_in(make_user("nobody"))
+
+    for url in [*read_urls(task), "/tasks/new/"]:
+        assert client.get(url).status_code == 403, url
+    assert client.post("/tasks/new/", FORM).status_code == 403
+    assert list(Task.objects.values_list("text", flat=True)) == ["What is 2 + 2?"]
+    assert not AuditEvent.objects.filter(action="record.viewed").exists()
+
+
+@pytest.mark.parametrize("role", Role.values)
+def test_every_role_may_read_the_pages(make_user, role):
+    task = submit("What is 2 + 2?")
+    client = logged_in(make_user("reader", role))
+
+    assert "What is 2 + 2?" in page(client, "/")
+    assert "What is 2 + 2?" in page(client, f"/tasks/{task.pk}/")
+    assert "Worker pool" in page(client, "/workers/")
+    assert AuditEvent.objects.get(action="record.viewed").actor_name == "reader"
+
+
+def test_an_auditor_may_read_but_not_submit(make_user):
+    task = submit("What is 2 + 2?")
+    client = logged_in(make_user("ann", Role.AUDITOR))
+
+    assert "What is 2 + 2?" in page(client, f"/tasks/{task.pk}/")
+    assert client.get("/tasks/new/").status_code == 403
+    assert client.post("/tasks/new/", FORM).status_code == 403
+    assert list(Task.objects.values_list("text", flat=True)) == ["What is 2 + 2?"]
+    assert AuditEvent.objects.filter(action="task.submitted").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("role", "may_submit"),
+    [(Role.OPERATOR, True), (Role.ADMIN, True), (Role.AUDITOR, False), (Role.ML_STAFF, False)],
+)
+def test_the_submit_links_show_only_to_roles_that_may_submit(make_user, role, may_submit):
+    client = logged_in(make_user("someone", role))
+
+    nav = page(client, "/workers/").split("<nav>")[1].split("</nav>")[0]
+    assert ('href="/workers/"' in nav) and ('href="/"' in nav)
+    assert (SUBMIT_LINK in nav) == may_submit
+    # Nor does the task list offer a form the user would be refused (empty list and full list).
+    assert (SUBMIT_LINK in page(client, "/")) == may_submit
+    submit("What is 2 + 2?")
+    assert (SUBMIT_LINK in page(client, "/")) == may_submit
+    assert client.get("/tasks/new/").status_code == (200 if may_submit else 403)
+
+
+def test_a_superuser_is_an_admin_and_may_submit_through_the_form():
+    root = get_user_model().objects.create_superuser("root", email="", password="y" * 12)
+    client = logged_in(root)
+
+    assert SUBMIT_LINK in page(client, "/")
+    response = client.post("/tasks/new/", FORM)
+
+    task = Task.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/tasks/{task.pk}/"
+    assert task.submitted_by == root
 
 
 # --- task list --------------------------------------------------------------------------------

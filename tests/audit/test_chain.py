@@ -1,0 +1,453 @@
+"""The hash chains of the audit record: layout, hashes, seals, append-only tables, tamper detection,
+signed checkpoints. Runs go through the real engine against the loopback OpenAI server."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from datetime import UTC
+
+import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from django.core.management import call_command
+from django.db import DatabaseError, transaction
+from django.test import Client
+
+from audit import chain as audit_chain
+from audit.checkpoints import checkpoint_create
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainHead, Checkpoint
+from audit.services import Actor, event_record, legal_hold_place
+from audit.verify import verify
+from routing.models import RunStatus
+from tests.audit.support import audit_verify, run_now, sql, submit, triggers_off
+from tests.openai_server import Reply, plan_json
+
+GENESIS = "0" * 64
+transactional = pytest.mark.django_db(transaction=True)
+
+
+def expected_hash(event: AuditEvent) -> str:
+    """sha256(previous hash + canonical content), written out here independently of audit.chain."""
+    content = {
+        "chain": event.chain,
+        "seq": event.seq,
+        "occurred_at": event.occurred_at.astimezone(UTC).isoformat(),
+        "actor_type": event.actor_type,
+        "actor_id": event.actor_id,
+        "actor_name": event.actor_name,
+        "action": event.action,
+        "object_type": event.object_type,
+        "object_id": event.object_id,
+        "task_id": str(event.task_id) if event.task_id else None,
+        "correlation_id": str(event.correlation_id) if event.correlation_id else None,
+        "payload": event.payload,
+    }
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(event.prev_hash.encode() + canonical.encode()).hexdigest()
+
+
+def chain_events(name: str) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(chain=name).order_by("seq"))
+
+
+def assert_chain_sound(name: str) -> list[AuditEvent]:
+    events = chain_events(name)
+    assert events, f"chain {name} is empty"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), f"{name}: seq not contiguous"
+    previous = GENESIS
+    for event in events:
+        assert event.prev_hash == previous, f"{name} seq {event.seq} does not link to the event before"
+        assert event.hash == expected_hash(event), f"{name} seq {event.seq}: hash does not recompute"
+        previous = event.hash
+    return events
+
+
+@pytest.fixture
+def finished_run(live_pool):
+    """A two-step run that succeeded: its chain is sealed into the global chain."""
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", "all")))])
+    server.program("alpha", [Reply("draft: 42")])
+    server.program("beta", [Reply("42")])
+    run = run_now(submit())
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return run
+
+
+def seal_of(run) -> AuditEvent:
+    return AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", object_id=str(run.pk))
+
+
+# --- layout, hashes and seals -------------------------------------------------------------------
+
+
+@transactional
+def test_run_events_go_to_the_run_chain_human_actions_to_global_and_every_hash_recomputes(
+    finished_run, make_user
+):
+    run = finished_run
+    ann = make_user("ann", "admin")
+    assert (
+        Client().post("/login/", {"username": "ann", "password": "correct horse battery staple"}).status_code
+        == 302
+    )
+    with transaction.atomic():
+        event_record(actor=Actor.for_user(ann), action="note.added", obj=ann, payload={"text": "checked"})
+    legal_hold_place(task=run.task, actor=Actor.for_user(ann), reason="inquiry 7")
+
+    run_chain = f"run:{run.correlation_id}"
+    run_events = assert_chain_sound(run_chain)
+    actions = [e.action for e in run_events]
+    assert actions[0] == "task.submitted" and actions[1] == "run.started"
+    assert actions[-1] == "run.succeeded"
+    assert actions.count("step.succeeded") == 2 and "plan.emitted" in actions
+    # Every event of the run, and only those, is in the run's chain.
+    assert set(AuditEvent.objects.filter(correlation_id=run.correlation_id).values_list("id", flat=True)) == {
+        e.pk for e in run_events
+    }
+    assert all(e.correlation_id == run.correlation_id for e in run_events)
+
+    global_events = assert_chain_sound(GLOBAL_CHAIN)
+    human = [e for e in global_events if e.actor_type == AuditEvent.ActorType.USER]
+    assert [e.action for e in human] == ["auth.login", "note.added", "legalhold.placed"]
+    assert all(e.actor_name == "ann" and e.actor_id == str(ann.pk) for e in human)
+    assert not AuditEvent.objects.filter(actor_type="user").exclude(chain=GLOBAL_CHAIN).exists()
+    # Only these two chains exist, and each is sound.
+    assert set(AuditEvent.objects.values_list("chain", flat=True)) == {GLOBAL_CHAIN, run_chain}
+    assert verify().intact
+
+
+@transactional
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_a_finished_run_chain_is_sealed_into_the_global_chain_and_refuses_more_events(live_pool, outcome):
+    server = live_pool["server"]
+    if outcome == "succeeded":
+        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+        server.program("alpha", [Reply("done")])
+    else:
+        server.program("conductor", [Reply("{not json")])
+    run = run_now(submit())
+    assert run.status == outcome
+
+    name = f"run:{run.correlation_id}"
+    last = chain_events(name)[-1]
+    assert last.action == f"run.{outcome}"
+    head = ChainHead.objects.get(chain=name)
+    assert head.sealed and (head.seq, head.hash) == (last.seq, last.hash)
+    seal = seal_of(run)
+    assert seal.payload == {"chain": name, "seq": last.seq, "hash": last.hash}
+    assert seal.pk > last.pk and seal.actor_name == "engine"
+
+    count = AuditEvent.objects.count()
+    with pytest.raises(RuntimeError, match="sealed"), transaction.atomic():
+        event_record(
+            actor=Actor.service("late"),
+            action="step.started",
+            obj=run,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+        )
+    with pytest.raises(RuntimeError, match="sealed"), transaction.atomic():
+        audit_chain.append(
+            chain=name,
+            actor_type="service",
+            actor_id="",
+            actor_name="late",
+            action="x",
+            object_type="run",
+            object_id=str(run.pk),
+            task_id=None,
+            correlation_id=None,
+            payload={},
+        )
+    assert AuditEvent.objects.count() == count
+    assert ChainHead.objects.get(chain=name).seq == last.seq
+
+
+@transactional
+def test_an_event_outside_the_transaction_of_its_change_is_refused(make_user):
+    user = make_user("ann")
+    count = AuditEvent.objects.count()
+    with pytest.raises(RuntimeError, match="inside the transaction"):
+        event_record(actor=Actor.for_user(user), action="note.added", obj=user)
+    assert AuditEvent.objects.count() == count
+
+
+# --- append-only --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def some_record(db, audit_files, make_user):
+    ann = make_user("ann", "auditor")
+    for i in range(3):
+        with transaction.atomic():
+            event_record(actor=Actor.for_user(ann), action="note.added", obj=ann, payload={"i": i})
+    checkpoint = checkpoint_create()
+    return AuditEvent.objects.filter(chain=GLOBAL_CHAIN).first(), checkpoint
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE audit_auditevent SET payload = '{\"i\": 99}'::jsonb WHERE id = %(event)s",
+        "UPDATE audit_auditevent SET seq = seq + 100",
+        "DELETE FROM audit_auditevent WHERE id = %(event)s",
+        "DELETE FROM audit_auditevent",
+        "TRUNCATE audit_auditevent",
+        "UPDATE audit_checkpoint SET signature = 'forged' WHERE id = %(checkpoint)s",
+        "DELETE FROM audit_checkpoint WHERE id = %(checkpoint)s",
+        "TRUNCATE audit_checkpoint",
+        "TRUNCATE audit_auditevent, audit_checkpoint",
+    ],
+)
+def test_the_database_rejects_update_delete_and_truncate_of_the_record(some_record, statement):
+    event, checkpoint = some_record
+    events_before = list(AuditEvent.objects.order_by("id").values_list("id", "seq", "payload", "hash"))
+    checkpoints_before = list(Checkpoint.objects.values_list("id", "signature"))
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        sql(statement, {"event": event.pk, "checkpoint": checkpoint.pk})
+
+    assert (
+        list(AuditEvent.objects.order_by("id").values_list("id", "seq", "payload", "hash")) == events_before
+    )
+    assert list(Checkpoint.objects.values_list("id", "signature")) == checkpoints_before
+
+
+def test_the_orm_cannot_change_the_record_either(some_record):
+    event, checkpoint = some_record
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).update(action="nothing.happened")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        event.delete()
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        Checkpoint.objects.all().delete()
+    assert AuditEvent.objects.get(pk=event.pk).action == "note.added"
+
+
+# --- tamper detection ---------------------------------------------------------------------------
+
+
+@transactional
+def test_an_intact_record_verifies_up_to_the_last_event(finished_run):
+    code, out, err = audit_verify()
+
+    last = AuditEvent.objects.order_by("-id").first()
+    assert code == 0, out + err
+    assert f"intact up to event {last.pk} " in out
+    assert f"({AuditEvent.objects.count()} events in 2 chains)" in out
+    report = verify()
+    assert report.intact and report.last_event_id == last.pk
+
+
+@transactional
+def test_an_altered_payload_is_named_by_the_command_and_by_verify(finished_run):
+    run = finished_run
+    target = AuditEvent.objects.get(
+        correlation_id=run.correlation_id, action="step.succeeded", payload__index=0
+    )
+    with triggers_off():
+        changed = sql(
+            "UPDATE audit_auditevent SET payload = jsonb_set(payload, '{cost_usd}', '\"999\"') WHERE id = %s",
+            [target.pk],
+        )
+    assert changed == 1
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("audit_verify", stdout=out, stderr=err)
+    assert exited.value.code == 1
+    out, err = out.getvalue(), err.getvalue()
+    assert f"NOT INTACT: altered: event #{target.pk} " in out
+    assert f"altered: event #{target.pk} (run:{run.correlation_id}, seq {target.seq})" in err
+
+    report = verify()
+    assert not report.intact
+    assert [(p.kind, p.event_id) for p in report.problems] == [("altered", target.pk)]
+
+
+@transactional
+def test_a_deleted_event_in_the_middle_of_a_chain_is_reported_missing_at_the_next_event(finished_run):
+    name = f"run:{finished_run.correlation_id}"
+    events = chain_events(name)
+    gone, after = events[3], events[4]
+    with triggers_off():
+        assert sql("DELETE FROM audit_auditevent WHERE id = %s", [gone.pk]) == 1
+
+    report = verify()
+    assert [(p.kind, p.event_id, p.chain) for p in report.problems] == [("missing", after.pk, name)]
+    assert f"seq {gone.seq} before it" in report.problems[0].detail
+    code, out, _ = audit_verify()
+    assert code == 1 and f"missing: event #{after.pk} " in out
+
+
+@transactional
+def test_a_deleted_tail_of_a_sealed_run_chain_is_found_through_its_seal(finished_run):
+    name = f"run:{finished_run.correlation_id}"
+    events = chain_events(name)
+    seal = seal_of(finished_run)
+    with triggers_off():
+        assert sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [name, events[-2].seq]) == 2
+
+    # What is left of the chain links up perfectly; only the seal in the global chain gives it away.
+    assert_chain_sound(name)
+    report = verify()
+    assert len(report.problems) == 1
+    problem = report.problems[0]
+    assert (problem.kind, problem.chain, problem.event_id) == ("missing", name, events[-3].pk)
+    assert f"its seal (#{seal.pk}) says {events[-1].seq}" in problem.detail
+    code, out, _ = audit_verify()
+    assert code == 1 and "NOT INTACT: missing" in out
+
+
+@transactional
+def test_a_run_chain_deleted_entirely_is_found_through_its_seal(finished_run):
+    name = f"run:{finished_run.correlation_id}"
+    with triggers_off():
+        sql("DELETE FROM audit_auditevent WHERE chain = %s", [name])
+
+    report = verify()
+    assert [(p.kind, p.chain) for p in report.problems] == [("missing", name)]
+    assert "all events of this sealed chain are gone" in report.problems[0].detail
+
+
+@transactional
+def test_swapping_the_seq_of_two_events_is_reported_as_reordered(finished_run):
+    name = f"run:{finished_run.correlation_id}"
+    events = chain_events(name)
+    a, b = events[2], events[3]
+    with triggers_off():
+        sql("UPDATE audit_auditevent SET seq = 1000000 WHERE id = %s", [a.pk])
+        sql("UPDATE audit_auditevent SET seq = %s WHERE id = %s", [a.seq, b.pk])
+        sql("UPDATE audit_auditevent SET seq = %s WHERE id = %s", [b.seq, a.pk])
+
+    report = verify()
+    assert [(p.kind, p.event_id) for p in report.problems] == [("reordered", b.pk)]
+    code, out, _ = audit_verify()
+    assert code == 1 and f"reordered: event #{b.pk} " in out
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+
+def canonical(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@transactional
+def test_a_checkpoint_signs_the_heads_and_its_file_verifies_with_the_public_key_in_it(
+    finished_run, audit_files
+):
+    sealed_chain = f"run:{finished_run.correlation_id}"
+    open_run = submit("Still queued")  # its chain holds task.submitted and is not sealed
+    open_chain = f"run:{open_run.correlation_id}"
+    global_last = AuditEvent.objects.filter(chain=GLOBAL_CHAIN).order_by("-seq").first()
+    open_last = AuditEvent.objects.get(chain=open_chain)
+
+    checkpoint = checkpoint_create()
+
+    path = audit_files.AUDIT_CHECKPOINT_DIR / checkpoint.file_name
+    assert path.is_file() and list(audit_files.AUDIT_CHECKPOINT_DIR.iterdir()) == [path]
+    assert audit_files.AUDIT_SIGNING_KEY_FILE.is_file()
+    document = json.loads(path.read_text())
+    body = document["body"]
+    assert document["id"] == checkpoint.pk and body == checkpoint.body
+    assert body["heads"] == {
+        GLOBAL_CHAIN: [global_last.seq, global_last.hash],
+        open_chain: [open_last.seq, open_last.hash],
+    }
+    assert sealed_chain not in body["heads"]
+
+    public_key = serialization.load_pem_public_key(document["public_key"].encode())
+    assert isinstance(public_key, Ed25519PublicKey)
+    public_key.verify(bytes.fromhex(document["signature"]), canonical(body))  # raises if it does not hold
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert body["key_id"] == checkpoint.key_id == hashlib.sha256(raw).hexdigest()[:16]
+    forged = {**body, "heads": {**body["heads"], GLOBAL_CHAIN: [global_last.seq - 1, global_last.prev_hash]}}
+    with pytest.raises(InvalidSignature):
+        public_key.verify(bytes.fromhex(document["signature"]), canonical(forged))
+
+    recorded = AuditEvent.objects.filter(chain=GLOBAL_CHAIN).order_by("-seq").first()
+    assert recorded.action == "audit.checkpoint" and recorded.object_id == str(checkpoint.pk)
+    assert recorded.seq == global_last.seq + 1
+    report = verify()
+    assert report.intact and report.checkpoint_id == checkpoint.pk
+    assert f"checkpoint {checkpoint.pk} (" in report.summary() and report.summary().endswith("verifies")
+
+
+@transactional
+@pytest.mark.parametrize("which", ["global", "open run"])
+def test_a_checkpoint_whose_heads_no_longer_match_is_reported(finished_run, audit_files, which):
+    open_run = submit("Still queued")
+    checkpoint = checkpoint_create()
+    name = GLOBAL_CHAIN if which == "global" else f"run:{open_run.correlation_id}"
+    signed_seq = checkpoint.body["heads"][name][0]
+    with triggers_off():
+        # Cut the chain back past the signed head; nothing after it links to the removed events.
+        assert sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [name, signed_seq]) >= 1
+
+    assert verify(use_checkpoint=False).intact, "a cut tail is invisible without the checkpoint"
+    report = verify()
+    assert [p.kind for p in report.problems] == ["checkpoint"]
+    assert (
+        f"checkpoint {checkpoint.pk}: event {signed_seq} of chain {name} is missing"
+        in report.problems[0].detail
+    )
+    code, out, _ = audit_verify()
+    assert code == 1 and "NOT INTACT: checkpoint" in out
+
+
+@transactional
+def test_a_global_chain_rewritten_consistently_after_a_checkpoint_is_caught_by_the_checkpoint(
+    finished_run, audit_files
+):
+    checkpoint = checkpoint_create()
+    seq, signed_hash = checkpoint.body["heads"][GLOBAL_CHAIN]
+    events = list(AuditEvent.objects.filter(chain=GLOBAL_CHAIN, seq__gte=seq).order_by("seq"))
+    assert events[0].hash == signed_hash
+    previous = events[0].prev_hash
+    with triggers_off():
+        # Forge the signed head and recompute every hash after it, as an insider with the code could.
+        for event in events:
+            if event.seq == seq:
+                event.payload = {**event.payload, "forged": True}
+            event.prev_hash = previous
+            event.hash = expected_hash(event)
+            AuditEvent.objects.filter(pk=event.pk).update(
+                payload=event.payload, prev_hash=event.prev_hash, hash=event.hash
+            )
+            previous = event.hash
+
+    assert verify(use_checkpoint=False).intact, "a consistent rewrite is invisible without the checkpoint"
+    report = verify()
+    assert [p.kind for p in report.problems] == ["checkpoint"]
+    assert (
+        f"event #{events[0].pk} (global seq {seq}) differs from the signed head" in report.problems[0].detail
+    )
+
+
+@transactional
+def test_a_checkpoint_verified_with_a_different_key_is_reported(finished_run, audit_files, tmp_path):
+    from audit import signing
+
+    checkpoint = checkpoint_create()
+    assert verify().intact
+    first_key = audit_files.AUDIT_SIGNING_KEY_FILE
+
+    audit_files.AUDIT_SIGNING_KEY_FILE = tmp_path / "other" / "signing-key.pem"
+    signing._load.cache_clear()
+    report = verify()
+    details = [p.detail for p in report.problems]
+    assert [p.kind for p in report.problems] == ["checkpoint", "checkpoint"]
+    assert f"was signed with key {checkpoint.key_id}, not the current key" in details[0]
+    assert "the signature does not match its content" in details[1]
+    assert signing.key_id() != checkpoint.key_id
+    code, out, _ = audit_verify()
+    assert code == 1
+
+    audit_files.AUDIT_SIGNING_KEY_FILE = first_key
+    signing._load.cache_clear()
+    assert verify().intact
