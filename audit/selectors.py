@@ -29,7 +29,9 @@ class EventFilter:
     until: datetime | None = None
 
     def as_params(self) -> dict[str, str]:
-        params = {k: v for k, v in self.__dict__.items() if isinstance(v, str) and v}
+        """The query parameters that select this filter (what the pages and exports read back)."""
+        names = {"task_id": "task"}
+        params = {names.get(k, k): v for k, v in self.__dict__.items() if isinstance(v, str) and v}
         if self.since:
             params["since"] = self.since.isoformat()
         if self.until:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from urllib.parse import urlencode
 from typing import Any
 
 from django.conf import settings
@@ -61,7 +62,7 @@ def event_log(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "audit/event_log.html",
-        {"events": rows, "next_before": next_before, "filters": request.GET, "params": params},
+        {"events": rows, "next_before": next_before, "filters": request.GET, "query": urlencode(params)},
     )
 
 
