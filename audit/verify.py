@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from django.db.models import Q
+
 from . import chain
 from .checkpoints import chain_purges, checkpoint_latest, checkpoint_problems
 from .models import GLOBAL_CHAIN, AuditEvent
@@ -125,6 +127,22 @@ def verify(*, chains: list[str] | None = None, use_checkpoint: bool = True) -> R
                     f"the chain ends at seq {tail[0]} but its seal (#{seal_id}) says {seq}",
                 )
             )
+    # A ChainPurge row lets the trigger delete a chain's events, and the app's own database user can
+    # insert one: a purge counts only when a seal and a task.purged event of the global chain vouch for it.
+    recorded = _recorded_purges(chains)
+    for purged_chain, purge in purges.items():
+        if chains is not None and purged_chain not in chains:
+            continue
+        if purged_chain not in seals or purged_chain not in recorded:
+            report.problems.append(
+                Problem(
+                    "missing",
+                    None,
+                    purged_chain,
+                    purge.last_seq,
+                    "its events were deleted under a purge that the global chain does not record",
+                )
+            )
     if use_checkpoint:
         checkpoint = checkpoint_latest()
         if checkpoint is not None:
@@ -133,6 +151,20 @@ def verify(*, chains: list[str] | None = None, use_checkpoint: bool = True) -> R
             for message in checkpoint_problems(checkpoint):
                 report.problems.append(Problem("checkpoint", None, GLOBAL_CHAIN, None, message))
     return report
+
+
+def _recorded_purges(chains: list[str] | None) -> set[str]:
+    """Run chains whose deletion a task.purged event of the global chain records."""
+    qs = AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action="task.purged")
+    if chains is not None:
+        wanted = Q()
+        for name in chains:
+            wanted |= Q(payload__chains__contains=[{"chain": name}])
+        qs = qs.filter(wanted) if chains else qs.none()
+    names: set[str] = set()
+    for payload in qs.values_list("payload", flat=True).iterator(chunk_size=BATCH):
+        names.update(c.get("chain") for c in payload.get("chains", []) if isinstance(c, dict))
+    return names
 
 
 def _check(event: AuditEvent, expected_seq: int, prev_hash: str) -> Problem | None:

@@ -1,6 +1,6 @@
 """Append-only audit tables: UPDATE, DELETE and TRUNCATE are rejected by PostgreSQL itself.
 
-The one exception: events of a run chain for which a ChainPurge row exists (retention deletes a
+The one exception: events of a run chain (never the global chain) for which a ChainPurge row exists (retention deletes a
 whole, sealed run chain and records the purge in the same transaction; verification accounts for it).
 """
 
@@ -15,7 +15,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION audit_event_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM audit_chainpurge p WHERE p.chain = OLD.chain) THEN
+    IF TG_OP = 'DELETE' AND OLD.chain LIKE 'run:%' AND EXISTS (SELECT 1 FROM audit_chainpurge p WHERE p.chain = OLD.chain) THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'audit records are append-only: % on % is not allowed', TG_OP, TG_TABLE_NAME

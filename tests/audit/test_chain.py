@@ -228,6 +228,31 @@ def test_the_orm_cannot_change_the_record_either(some_record):
     assert AuditEvent.objects.get(pk=event.pk).action == "note.added"
 
 
+@transactional
+@pytest.mark.parametrize("target", ["global", "sealed run"])
+def test_a_purge_row_forged_without_superuser_rights_does_not_hide_deleted_events(
+    finished_run, audit_files, target
+):
+    """The trigger lets events of a chain with a ChainPurge row be deleted (retention needs that), and
+    the app's own database user may insert such a row: verification must not take it on trust."""
+    checkpoint_create()
+    name = GLOBAL_CHAIN if target == "global" else f"run:{finished_run.correlation_id}"
+    seal = seal_of(finished_run).payload
+    last_seq, last_hash = (seal["seq"], seal["hash"]) if target == "sealed run" else (0, GENESIS)
+    # No triggers switched off: plain INSERT and DELETE, as any holder of the app's credentials could.
+    sql(
+        "INSERT INTO audit_chainpurge (chain, last_seq, last_hash, purged_at, reason) VALUES (%s, %s, %s, now(), 'x')",
+        [name, last_seq, last_hash],
+    )
+    assert sql("DELETE FROM audit_auditevent WHERE chain = %s", [name]) > 0
+
+    report = verify()
+    assert not report.intact
+    assert any(p.kind == "missing" and p.chain == name for p in report.problems), report.problems
+    code, out, _ = audit_verify()
+    assert code == 1 and "NOT INTACT" in out
+
+
 # --- tamper detection ---------------------------------------------------------------------------
 
 
@@ -451,3 +476,17 @@ def test_a_checkpoint_verified_with_a_different_key_is_reported(finished_run, au
     audit_files.AUDIT_SIGNING_KEY_FILE = first_key
     signing._load.cache_clear()
     assert verify().intact
+
+
+def test_a_checkpoint_taken_while_the_global_chain_is_still_empty_verifies(db, audit_files, make_user):
+    # A new installation: the periodic checkpoint may run before any global event exists.
+    assert not AuditEvent.objects.exists()
+    checkpoint = checkpoint_create()
+    assert checkpoint.body["heads"] == {GLOBAL_CHAIN: [0, GENESIS]}
+    ann = make_user("ann", "auditor")
+    with transaction.atomic():
+        event_record(actor=Actor.for_user(ann), action="note.added", obj=ann)
+
+    report = verify()
+    assert report.intact, report.summary()
+    assert report.checkpoint_id == checkpoint.pk

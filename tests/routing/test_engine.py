@@ -332,8 +332,9 @@ def test_confidential_task_sees_only_workers_cleared_for_it(live_pool):
 
     run = run_now(submit(classification="confidential"))
 
-    assert run.status == RunStatus.FAILED
-    assert "names worker 'alpha'" in run.error
+    assert run.status == RunStatus.FAILED and run.stop_reason == "policy_blocked"
+    assert "blocked by policy 'worker-clearance': step 0 (alpha)" in run.error
+    assert not server.requests_for("alpha")
     enum = server.requests_for("conductor")[0].body["structured_outputs"]["json"]["properties"]["steps"][
         "items"
     ]["properties"]["worker"]["enum"]
