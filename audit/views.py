@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime
-from urllib.parse import urlencode
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
