@@ -105,7 +105,8 @@ def main() -> None:
         section = f"""<!-- audit:start -->
 ## Audit chain: cost per step
 
-Command: `python -m bench.audit_chain --threads {args.threads} --events {args.events}` on {machine}, embedded PostgreSQL.
+Command: `CONDUCTOR_VAR_DIR=/tmp/bench-var python -m bench.audit_chain --threads {args.threads} --events {args.events}`
+(a private embedded PostgreSQL, so that the benchmark's events stay out of your record) on {machine}.
 Each append is one transaction that locks its chain's head, computes sha256(previous hash + canonical
 content) and inserts the event, as the engine does for every step and attempt.
 
