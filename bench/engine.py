@@ -32,6 +32,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from conductor_web.celery import worker_command  # noqa: E402
 from routing import replay  # noqa: E402
 from routing.models import Run, RunStatus, Step, Task  # noqa: E402
 from routing.services import TaskSubmission, task_submit  # noqa: E402
@@ -42,21 +43,7 @@ DONE = [RunStatus.SUCCEEDED, RunStatus.FAILED]
 def start_worker(concurrency: int) -> subprocess.Popen:
     env = {**os.environ, "DATABASE_URL": settings.DATABASE_URL, "REDIS_URL": settings.REDIS_URL}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "conductor_web",
-            "worker",
-            "--loglevel",
-            "WARNING",
-            "--concurrency",
-            str(concurrency),
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
+        worker_command(concurrency=concurrency, loglevel="WARNING", quiet=True),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

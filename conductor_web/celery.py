@@ -7,3 +7,21 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
 app = Celery("conductor_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def worker_command(
+    *, concurrency: int, loglevel: str = "INFO", hostname: str = "", quiet: bool = False
+) -> list[str]:
+    """The command line of a `celery worker` for this app on this interpreter (demo, tests, benchmarks).
+
+    quiet: no gossip, mingle or heartbeat between workers, for short-lived local workers.
+    """
+    import sys
+
+    command = [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "--loglevel", loglevel]
+    command += ["--concurrency", str(concurrency), "--pool", "prefork"]
+    if hostname:
+        command += ["--hostname", hostname]
+    if quiet:
+        command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return command

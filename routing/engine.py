@@ -66,6 +66,18 @@ class RunStopped(Exception):
         self.stop_reason = stop_reason
 
 
+def _audit(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
+    """An engine event on the run's chain; call inside the transaction of the change it records."""
+    event_record(
+        actor=ENGINE,
+        action=action,
+        obj=obj,
+        task_id=run.task_id,
+        correlation_id=run.correlation_id,
+        payload=payload,
+    )
+
+
 # --- locking ------------------------------------------------------------------------------------
 
 
@@ -145,13 +157,11 @@ def _claim(run_id: int) -> Run | None:
             attempt.save(update_fields=["status", "error", "finished_at"])
         Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
         Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
-        event_record(
-            actor=ENGINE,
-            action="run.resumed" if resumed else "run.started",
-            obj=run,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "run.resumed" if resumed else "run.started",
+            run,
+            {
                 "delivery": run.deliveries,
                 "worker_host": run.worker_host,
                 "worker_pid": run.worker_pid,
@@ -306,13 +316,11 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
         except ProviderCallError as exc:
             made += 1
             with transaction.atomic():
-                event_record(
-                    actor=ENGINE,
-                    action="conductor.call_failed",
-                    obj=run,
-                    task_id=run.task_id,
-                    correlation_id=run.correlation_id,
-                    payload={
+                _audit(
+                    run,
+                    "conductor.call_failed",
+                    run,
+                    {
                         "attempt": made,
                         "status": exc.status,
                         "http_status": exc.http_status,
@@ -506,13 +514,11 @@ def _start_step(run: Run, step_id: int) -> Step | None:
             step.messages_sent = build_messages(step, visible)
         step.save(update_fields=["status", "started_at", "messages_sent"])
         Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
-        event_record(
-            actor=ENGINE,
-            action="step.started",
-            obj=step,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "step.started",
+            step,
+            {
                 "index": step.index,
                 "depth": step.depth,
                 "worker": step.worker_slug,
@@ -633,13 +639,11 @@ def _attempt_failed(
         attempt.latency_ms = latency_ms
         attempt.finished_at = timezone.now()
         attempt.save(update_fields=["status", "http_status", "error", "latency_ms", "finished_at"])
-        event_record(
-            actor=ENGINE,
-            action="attempt.failed",
-            obj=attempt,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "attempt.failed",
+            attempt,
+            {
                 "step_id": step.pk,
                 "number": attempt.number,
                 "status": exc.status,
@@ -680,13 +684,11 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
         _add_cost(
             run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens
         )
-        event_record(
-            actor=ENGINE,
-            action="step.succeeded",
-            obj=step,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "step.succeeded",
+            step,
+            {
                 "index": step.index,
                 "worker": step.worker_slug,
                 "vendor": step.vendor,
@@ -705,13 +707,11 @@ def _step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
         Step.objects.filter(pk=step.pk).update(
             status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now()
         )
-        event_record(
-            actor=ENGINE,
-            action="step.failed",
-            obj=step,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
+        _audit(
+            run,
+            "step.failed",
+            step,
+            {"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
         )
 
 
@@ -761,13 +761,11 @@ def _step_answered(run: Run, step: Step, *, response: str, note: str) -> None:
             finished_at=now,
             latency_ms=int((now - step.started_at).total_seconds() * 1000) if step.started_at else None,
         )
-        event_record(
-            actor=ENGINE,
-            action="step.succeeded",
-            obj=step,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "step.succeeded",
+            step,
+            {
                 "index": step.index,
                 "worker": CONDUCTOR_SLUG,
                 "note": note,
@@ -805,13 +803,11 @@ def _finish(run: Run, root: Decision) -> None:
                 status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, error=""
             )
         totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
-        event_record(
-            actor=ENGINE,
-            action="run.succeeded",
-            obj=run,
-            task_id=task.pk,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "run.succeeded",
+            run,
+            {
                 "final_step_id": last.pk,
                 "final_answer_sha256": content_hash(final),
                 "score": score,
@@ -833,12 +829,10 @@ def _fail(run: Run, message: str, stop_reason: str) -> None:
             Task.objects.filter(pk=run.task_id).update(
                 status=RunStatus.FAILED, error=message, finished_at=now
             )
-        event_record(
-            actor=ENGINE,
-            action="run.failed",
-            obj=run,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={"error": message, "stop_reason": stop_reason},
+        _audit(
+            run,
+            "run.failed",
+            run,
+            {"error": message, "stop_reason": stop_reason},
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)

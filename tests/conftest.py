@@ -4,7 +4,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
+from conductor_web.celery import worker_command
 from tests.openai_server import OpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,25 +137,7 @@ class WorkerProcess:
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "conductor_web",
-                "worker",
-                "--pool",
-                "prefork",
-                "--concurrency",
-                "1",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"{name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
+            worker_command(concurrency=1, hostname=f"{name}@%h", quiet=True),
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

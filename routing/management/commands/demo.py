@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db.models import Avg, Count, Sum
 
+from conductor_web.celery import worker_command
 from routing.models import Run, RunStatus, Step, Task
 
 
@@ -43,20 +44,8 @@ class Command(BaseCommand):
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = [
             self._spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "conductor_web",
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--concurrency",
-                    str(o["concurrency"]),
-                    "--queues",
-                    settings.CELERY_TASK_DEFAULT_QUEUE,
-                ],
+                worker_command(concurrency=o["concurrency"])
+                + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE],
                 env,
                 log_dir / "worker.log",
             ),
