@@ -209,7 +209,11 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js comes from the plotly package itself (no CDN): /static/plotly/plotly.min.js
+_plotly_spec = importlib.util.find_spec("plotly")
+STATICFILES_DIRS: list = [BASE_DIR / "static"]
+if _plotly_spec and _plotly_spec.submodule_search_locations:
+    STATICFILES_DIRS.append(("plotly", str(Path(next(iter(_plotly_spec.submodule_search_locations))) / "package_data")))
 STATIC_ROOT = VAR_DIR / "static"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

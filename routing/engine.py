@@ -32,6 +32,7 @@ from audit import policies
 from audit.services import ENGINE, event_record, run_chain_seal
 from training import scorers
 
+from . import live
 from .conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
 from .models import (
     CONDUCTOR_SLUG,
@@ -67,14 +68,28 @@ class RunStopped(Exception):
 
 
 def _audit(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
-    """An engine event on the run's chain; call inside the transaction of the change it records."""
-    event_record(
+    """An engine event on the run's chain; call inside the transaction of the change it records.
+
+    Watchers of the task get a small live event after commit, numbered by the event's place in the
+    run's chain (gap-free), so a page can tell when it missed one.
+    """
+    event = event_record(
         actor=ENGINE,
         action=action,
         obj=obj,
         task_id=run.task_id,
         correlation_id=run.correlation_id,
         payload=payload,
+    )
+    live.publish_on_commit(
+        task_id=run.task_id,
+        event={
+            "run": run.pk,
+            "seq": event.seq,
+            "action": action,
+            "object": event.object_type,
+            "id": event.object_id,
+        },
     )
 
 

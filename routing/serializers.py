@@ -98,6 +98,9 @@ class DecisionOutput(serializers.ModelSerializer):
 
 class RunOutput(serializers.ModelSerializer):
     conductor = serializers.CharField(source="conductor_version.name")
+    audit_seq = serializers.SerializerMethodField(
+        help_text="The run's last audit event number; live events continue from it without gaps"
+    )
     decisions = DecisionOutput(many=True, read_only=True)
     steps = StepOutput(many=True, read_only=True)
 
@@ -122,7 +125,19 @@ class RunOutput(serializers.ModelSerializer):
             "finished_at",
             "decisions",
             "steps",
+            "audit_seq",
         ]
+
+    def get_audit_seq(self, run: Run) -> int:
+        from audit.chain import run_chain
+        from audit.models import ChainHead
+
+        head = (
+            ChainHead.objects.filter(chain=run_chain(run.correlation_id))
+            .values_list("seq", flat=True)
+            .first()
+        )
+        return head or 0
 
 
 class TaskListOutput(serializers.ModelSerializer):

@@ -8,5 +8,6 @@ urlpatterns = [
     path("", views.task_list, name="task-list"),
     path("tasks/new/", views.task_submit_view, name="task-submit"),
     path("tasks/<uuid:task_id>/", views.task_detail, name="task-detail"),
+    path("tasks/<uuid:task_id>/graph/", views.task_graph, name="task-graph"),
     path("workers/", views.worker_list, name="worker-list"),
 ]

@@ -77,3 +77,12 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
 @role_required(*EVERYONE)
 def worker_list(request: HttpRequest) -> HttpResponse:
     return render(request, "routing/worker_list.html", {"workers": selectors.worker_list()})
+
+
+@role_required(*EVERYONE)
+def task_graph(request: HttpRequest, task_id) -> HttpResponse:
+    try:
+        task = Task.objects.get(pk=task_id)
+    except Task.DoesNotExist as exc:
+        raise Http404("No such task") from exc
+    return render(request, "routing/task_graph.html", {"task": task})

@@ -1,0 +1,5 @@
+from django.urls import path
+
+from .consumers import TaskEventsConsumer
+
+websocket_urlpatterns = [path("ws/tasks/<str:task_id>/", TaskEventsConsumer.as_asgi())]
