@@ -202,7 +202,6 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "routing:task-list"
 LOGOUT_REDIRECT_URL = "login"
 
-FORMS_URLFIELD_ASSUME_HTTPS = True  # Django 6 behaviour, opted into now
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -33,6 +33,8 @@ def _send(group: str, event: dict[str, Any]) -> None:
         return
     # sent_at: wall-clock time right after the commit, so a watcher can measure commit-to-screen latency.
     try:
-        async_to_sync(layer.group_send)(group, {"type": "run.event", "event": {**event, "sent_at": time.time()}})
+        async_to_sync(layer.group_send)(
+            group, {"type": "run.event", "event": {**event, "sent_at": time.time()}}
+        )
     except Exception:  # noqa: BLE001 - a live update must never fail the run; pages re-read on gaps
         log.warning("could not publish a live event to %s", group, exc_info=True)

@@ -12,6 +12,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -158,6 +160,8 @@ class Task(models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at"], name="task_status_created"),
+            # Full-text search over task text (the task list's search box); see selectors.task_list.
+            GinIndex(SearchVector("text", config="english"), name="task_text_search"),
         ]
 
     def __str__(self) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+
+from django.contrib.postgres.search import SearchQuery, SearchVector
 from django.db.models import Prefetch, QuerySet
 
 from .models import Attempt, Decision, Run, Step, Task, Worker
@@ -16,8 +19,19 @@ def task_list(
     if classification:
         qs = qs.filter(classification=classification)
     if search:
-        qs = qs.filter(text__icontains=search)
+        qs = _search(qs, search)
     return qs.defer("final_answer")
+
+
+def _search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
+    """A task id, or words in the task text (PostgreSQL full-text search, web-search syntax: "quoted
+    phrases", -excluded, or), served by the task_text_search GIN index."""
+    try:
+        return qs.filter(pk=uuid.UUID(search.strip()))
+    except ValueError:
+        pass
+    query = SearchQuery(search, config="english", search_type="websearch")
+    return qs.annotate(search=SearchVector("text", config="english")).filter(search=query)
 
 
 def run_detail_queryset() -> QuerySet[Run]:

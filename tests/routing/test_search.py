@@ -1,0 +1,40 @@
+"""The task list's search: full-text over task text (served by a GIN index), or a task id."""
+
+import pytest
+from django.db import connection
+
+from routing import selectors
+from routing.models import Task
+from routing.services import TaskSubmission, task_submit
+
+
+def submit(text: str) -> Task:
+    task, _ = task_submit(submission=TaskSubmission(text=text), source=Task.Source.CLI)
+    return task
+
+
+@pytest.mark.django_db
+def test_search_matches_words_in_any_form_phrases_exclusions_and_ids():
+    trains = submit("Two trains leave the stations at noon; when do they meet?")
+    apples = submit("Alice has 3 apples and buys 5 more apples.")
+    code = submit("What does f(x) return for the list [1, 2, 3]?")
+
+    def found(query):
+        return set(selectors.task_list(search=query).values_list("pk", flat=True))
+
+    assert found("train") == {trains.pk}  # stemmed: "trains" matches "train"
+    assert found("apples alice") == {apples.pk}
+    assert found('"buys 5 more"') == {apples.pk}
+    assert found("apples -alice") == set()
+    assert found("train or list") == {trains.pk, code.pk}
+    assert found(str(code.pk)) == {code.pk}
+    assert found("zeppelin") == set()
+
+
+@pytest.mark.django_db
+def test_the_search_can_use_the_full_text_index():
+    submit("A question about prime numbers")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a small table would be scanned otherwise
+    plan = selectors.task_list(search="prime").explain()
+    assert "task_text_search" in plan
