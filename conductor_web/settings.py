@@ -163,6 +163,12 @@ CONDUCTOR_DEFAULT_BACKEND = env_choice("CONDUCTOR_DEFAULT_BACKEND", "static", {"
 
 CONDUCTOR_REPLAY_LATENCY_S = env_float("CONDUCTOR_REPLAY_LATENCY_S", 0.0, minimum=0.0)
 
+# Live overview alerts: a worker's error rate over the window (once it has this many calls), and
+# spend in any one minute.
+OPS_ERROR_RATE_ALERT = env_float("OPS_ERROR_RATE_ALERT", 0.2, minimum=0.0)
+OPS_ALERT_MIN_CALLS = env_int("OPS_ALERT_MIN_CALLS", 5, minimum=1)
+OPS_SPEND_PER_MINUTE_ALERT_USD: Decimal = env_decimal("OPS_SPEND_PER_MINUTE_ALERT_USD", "1.00")
+
 # litellm: never fetch the remote price map; tiktoken reads the encodings litellm ships
 # (it would otherwise download them at first use).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -212,7 +218,9 @@ STATIC_URL = "static/"
 _plotly_spec = importlib.util.find_spec("plotly")
 STATICFILES_DIRS: list = [BASE_DIR / "static"]
 if _plotly_spec and _plotly_spec.submodule_search_locations:
-    STATICFILES_DIRS.append(("plotly", str(Path(next(iter(_plotly_spec.submodule_search_locations))) / "package_data")))
+    STATICFILES_DIRS.append(
+        ("plotly", str(Path(next(iter(_plotly_spec.submodule_search_locations))) / "package_data"))
+    )
 STATIC_ROOT = VAR_DIR / "static"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -10,4 +10,5 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/", views.task_detail, name="task-detail"),
     path("tasks/<uuid:task_id>/graph/", views.task_graph, name="task-graph"),
     path("workers/", views.worker_list, name="worker-list"),
+    path("ops/", views.ops_overview, name="ops"),
 ]

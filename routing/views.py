@@ -9,7 +9,7 @@ from audit.models import Role
 from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
-from . import selectors
+from . import ops, selectors
 from .forms import TaskSubmitForm
 from .models import DataClass, RunStatus, Task
 from .services import SubmissionError, TaskSubmission, task_submit
@@ -86,3 +86,14 @@ def task_graph(request: HttpRequest, task_id) -> HttpResponse:
     except Task.DoesNotExist as exc:
         raise Http404("No such task") from exc
     return render(request, "routing/task_graph.html", {"task": task})
+
+
+@role_required(*EVERYONE)
+def ops_overview(request: HttpRequest) -> HttpResponse:
+    try:
+        minutes = max(1, min(int(request.GET.get("minutes", 15)), 24 * 60))
+    except ValueError:
+        minutes = 15
+    context = {"data": ops.overview(minutes=minutes)}
+    template = "routing/_ops_body.html" if request.GET.get("partial") else "routing/ops.html"
+    return render(request, template, context)

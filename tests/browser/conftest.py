@@ -103,3 +103,163 @@ def screenshot(page: Page) -> Callable[[str], Path]:
         return path
 
     return _screenshot
+
+
+# --- A real ASGI server (daphne) for the live pages ------------------------------------------------
+# The live server above is WSGI: no websockets. These start the project's ASGI application with
+# daphne in a process of its own, against the same database and Redis as the test process.
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DaphneServer:
+    """`python -m daphne` on loopback; static files from `collectstatic` into `var_dir`/static (WhiteNoise)."""
+
+    def __init__(self, *, database_url: str, redis_url: str, var_dir: Path, log_path: Path):
+        import subprocess
+        import sys
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "CONDUCTOR_VAR_DIR": str(var_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
+            + ["conductor_web.asgi:application"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @staticmethod
+    def collectstatic(var_dir: Path, database_url: str, redis_url: str) -> None:
+        import subprocess
+        import sys
+
+        env = {**os.environ, "CONDUCTOR_VAR_DIR": str(var_dir), "DATABASE_URL": database_url}
+        env["REDIS_URL"] = redis_url
+        subprocess.run(
+            [sys.executable, "manage.py", "collectstatic", "--noinput", "-v0"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> DaphneServer:
+        import time
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daphne exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/login/", timeout=2) as response:  # noqa: S310
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"daphne did not answer within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-4000:]
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def daphne_static(tmp_path_factory, django_db_setup, django_db_blocker) -> Path:
+    """A CONDUCTOR_VAR_DIR with the collected static files (plotly.js included)."""
+    from django.conf import settings
+
+    from tests.conftest import database_url
+
+    var_dir = tmp_path_factory.mktemp("daphne-var")
+    with django_db_blocker.unblock():
+        url = database_url()
+    DaphneServer.collectstatic(var_dir, url, settings.REDIS_URL)
+    assert (var_dir / "static" / "plotly" / "plotly.min.js").exists()
+    return var_dir
+
+
+@pytest.fixture
+def daphne_server(transactional_db, daphne_static: Path) -> Iterator[DaphneServer]:
+    """The project's ASGI app under daphne, on the test database; stopped after the test."""
+    from django.conf import settings
+
+    from tests.conftest import database_url
+
+    server = DaphneServer(
+        database_url=database_url(),
+        redis_url=settings.REDIS_URL,
+        var_dir=daphne_static,
+        log_path=daphne_static / "daphne.log",
+    )
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def asgi_page(browser: Browser, daphne_server: DaphneServer) -> Iterator[Page]:
+    """Like `page`, on the daphne server: relative URLs go to it; page errors and HTTP errors fail."""
+    context = browser.new_context(base_url=daphne_server.url, viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on(
+        "response",
+        lambda r: errors.append(f"HTTP {r.status} {r.url}")
+        if r.status >= 400 and not r.url.endswith("/favicon.ico")
+        else None,
+    )
+    yield page
+    context.close()
+    assert not errors, f"the browser saw errors: {errors}\n{daphne_server.log()}"
+
+
+@pytest.fixture
+def asgi_log_in(asgi_page: Page, daphne_server: DaphneServer, make_user) -> Callable[..., object]:
+    """`asgi_log_in("olga", "operator")`: that user, logged in through the real form on daphne."""
+
+    def _log_in(username: str = "grace", *roles: str):
+        user = make_user(username, *roles, password=PASSWORD)
+        asgi_page.goto("/login/")
+        asgi_page.get_by_label("Username").fill(username)
+        asgi_page.get_by_label("Password").fill(PASSWORD)
+        asgi_page.get_by_role("button", name="Log in").click()
+        asgi_page.wait_for_url(re.compile(re.escape(daphne_server.url) + r"/$"))
+        expect(asgi_page.locator("form.logout")).to_contain_text(username)
+        return user
+
+    return _log_in
