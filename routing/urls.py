@@ -11,4 +11,5 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/graph/", views.task_graph, name="task-graph"),
     path("workers/", views.worker_list, name="worker-list"),
     path("ops/", views.ops_overview, name="ops"),
+    path("analytics/", views.analytics_page, name="analytics"),
 ]

@@ -9,9 +9,9 @@ from audit.models import Role
 from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
-from . import ops, selectors
+from . import analytics, ops, selectors
 from .forms import TaskSubmitForm
-from .models import DataClass, RunStatus, Task
+from .models import ConductorVersion, DataClass, RunStatus, Task
 from .services import SubmissionError, TaskSubmission, task_submit
 
 PAGE_SIZE = 50
@@ -97,3 +97,49 @@ def ops_overview(request: HttpRequest) -> HttpResponse:
     context = {"data": ops.overview(minutes=minutes)}
     template = "routing/_ops_body.html" if request.GET.get("partial") else "routing/ops.html"
     return render(request, template, context)
+
+
+ANALYTICS_CHARTS = {
+    "cost_by_worker": lambda f: analytics.cost_over_time(f, by="worker"),
+    "cost_by_vendor": lambda f: analytics.cost_over_time(f, by="vendor"),
+    "cost_by_conductor": lambda f: analytics.cost_over_time(f, by="conductor"),
+    "accuracy_cost_workers": lambda f: analytics.accuracy_vs_cost(f, by="worker"),
+    "accuracy_cost_conductors": lambda f: analytics.accuracy_vs_cost(f, by="conductor"),
+    "routing_by_domain": analytics.routing_distribution,
+}
+
+
+@role_required(*EVERYONE)
+def analytics_page(request: HttpRequest) -> HttpResponse:
+    base = analytics.default_filters(days=7)
+    since = (
+        parse_datetime(request.GET.get("since", "") + "T00:00:00+00:00") if request.GET.get("since") else None
+    )
+    until = (
+        parse_datetime(request.GET.get("until", "") + "T23:59:59+00:00") if request.GET.get("until") else None
+    )
+    filters = analytics.Filters(
+        since=since or base.since,
+        until=until or base.until,
+        classification=request.GET.get("classification", ""),
+        conductor=request.GET.get("conductor", ""),
+    )
+    chart = request.GET.get("chart")
+    if chart:
+        if chart not in ANALYTICS_CHARTS:
+            raise Http404("unknown chart")
+        response = HttpResponse(analytics.as_csv(ANALYTICS_CHARTS[chart](filters)), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="{chart}.csv"'
+        return response
+    data = {name: build(filters) for name, build in ANALYTICS_CHARTS.items()}
+    return render(
+        request,
+        "routing/analytics.html",
+        {
+            "data": data,
+            "filters": filters,
+            "classes": DataClass.choices,
+            "conductors": ConductorVersion.objects.values_list("name", flat=True),
+            "query": request.GET.urlencode(),
+        },
+    )

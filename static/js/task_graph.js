@@ -69,11 +69,20 @@
       " · " + fmtCost(run.cost_usd) + " · " + run.input_tokens + " / " + run.output_tokens + " tokens";
     const { pos } = layout(run);
     state.steps = new Map(run.steps.map((s) => [s.id, s]));
-    const edgeX = [], edgeY = [], nestX = [], nestY = [];
+    const edgeX = [], edgeY = [], nestX = [], nestY = [], arrows = [];
     run.steps.forEach((s) => {
       const to = pos.get(s.id); if (!to) return;
       run.steps.filter((o) => o.decision === s.decision && deps(s).includes(o.index)).forEach((o) => {
-        const from = pos.get(o.id); if (from) { edgeX.push(from.x, to.x, null); edgeY.push(from.y, to.y, null); }
+        const from = pos.get(o.id); if (!from) return;
+        // An edge that skips layers would run straight behind the nodes in between and vanish: bend it.
+        const span = Math.round(to.x - from.x);
+        const bend = span > 1 ? { x: (from.x + to.x) / 2, y: Math.max(from.y, to.y) + 0.3 * (span - 1) } : null;
+        const last = bend || from;
+        if (bend) { edgeX.push(from.x, bend.x, to.x, null); edgeY.push(from.y, bend.y, to.y, null); }
+        else { edgeX.push(from.x, to.x, null); edgeY.push(from.y, to.y, null); }
+        // The arrowhead: towards the step that sees, stopping at its node's rim.
+        arrows.push({ x: to.x, y: to.y, ax: last.x, ay: last.y, xref: "x", yref: "y", axref: "x", ayref: "y", text: "",
+          showarrow: true, arrowhead: 2, arrowsize: 1.2, arrowwidth: 2, arrowcolor: "#8a93a3", standoff: 18, startstandoff: bend ? 0 : 18 });
       });
       const parent = run.decisions.find((d) => d.id === s.decision && d.parent_step);
       if (parent) { const p = pos.get(parent.parent_step); if (p) { nestX.push(p.x, to.x, null); nestY.push(p.y, to.y, null); } }
@@ -93,10 +102,12 @@
       },
     ];
     const xs = nodes.map((n) => n.x), ys = nodes.map((n) => n.y);
+    const top = Math.max(0, ...edgeY.filter((y) => y !== null));
     const layoutSpec = {
       showlegend: false, margin: { l: 20, r: 20, t: 10, b: 10 }, height: 440, plot_bgcolor: "#ffffff", paper_bgcolor: "#ffffff",
       xaxis: { visible: false, range: [Math.min(0, ...xs) - 0.6, Math.max(1, ...xs) + 0.9] },
-      yaxis: { visible: false, range: [Math.min(0, ...ys) - 0.8, 0.6] },
+      yaxis: { visible: false, range: [Math.min(0, ...ys) - 0.8, top + 0.6] },
+      annotations: arrows,
     };
     Plotly.react(graph, traces, layoutSpec, { displayModeBar: false, responsive: true });
     graph.dataset.nodes = String(nodes.length);

@@ -86,6 +86,18 @@ def shot(page: Page, name: str) -> None:
     assert path.stat().st_size > 0
 
 
+def click_node(page: Page, index: int, worker: str) -> None:
+    """Click a node where a user would: Plotly's drag layer lies on top and turns the click into a
+    plotly_click on the point under the pointer, once its hover label shows (as a user's would)."""
+    box = page.locator(NODES).nth(index).bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - 3, y - 3)
+    page.mouse.move(x, y, steps=3)
+    expect(page.locator("#graph .hoverlayer .hovertext")).to_contain_text(f"{worker} · ")
+    page.mouse.click(x, y)
+
+
 def open_graph(page: Page, run: Run) -> None:
     page.goto(f"/tasks/{run.task_id}/graph/")
     expect(page.locator("#live-state")).to_have_text("live")
@@ -140,7 +152,7 @@ def test_the_graph_fills_in_live_as_the_run_goes_and_shows_each_step_on_click(
 
     # Click the first node: its instruction, what it was shown, its answer.
     panel = page.locator("#node-panel")
-    page.locator(NODES).nth(0).click()
+    click_node(page, 0, "alpha")
     expect(panel.locator("h3")).to_have_text("Step 0 · alpha")
     expect(panel).to_contain_text("Draft an answer: what is 6 * 7?")
     expect(panel).to_contain_text("What it was shown")
@@ -148,7 +160,7 @@ def test_the_graph_fills_in_live_as_the_run_goes_and_shows_each_step_on_click(
     shot(page, "4-node-alpha")
 
     # The last node saw both earlier answers; its own answer holds markup, shown as text.
-    page.locator(NODES).nth(2).click()
+    click_node(page, 2, "gamma")
     expect(panel.locator("h3")).to_have_text("Step 2 · gamma")
     expect(panel).to_contain_text("Write the final answer")
     shown = panel.locator("pre.shown")
