@@ -8,6 +8,8 @@
   const PALETTE = ["#2456c7", "#e07b00", "#1d7a3e", "#b42318", "#6f42c1", "#00838f", "#9a6700", "#c2185b", "#546e7a", "#7cb342", "#5d4037"];
   const names = [...new Set([].concat(...Object.values(data).map((rows) => rows.map((r) => r.worker || r.vendor || r.conductor || r.name))))].sort();
   const color = (name) => PALETTE[names.indexOf(name) % PALETTE.length];
+  const drawn = []; // Plotly draws asynchronously: the page is ready when every chart is
+  const plot = (...args) => drawn.push(Plotly.newPlot(...args));
 
   function empty(id, text) {
     const el = document.getElementById(id);
@@ -22,7 +24,7 @@
       const mine = rows.filter((r) => r[key] === g);
       return { type: "bar", name: g, x: mine.map((r) => r.bucket), y: mine.map((r) => Number(r[value])), marker: { color: color(g) } };
     });
-    Plotly.newPlot(id, traces, { ...base, barmode: "stack", xaxis: { type: "date" }, yaxis: { title: yTitle } }, config);
+    plot(id, traces, { ...base, barmode: "stack", yaxis: { title: yTitle } }, config);
   }
 
   stacked("chart-cost-worker", data.cost_by_worker, "worker", "cost_usd", "USD");
@@ -41,7 +43,7 @@
       hoverinfo: "text",
     });
     const front = [...workers, ...conductors].filter((r) => r.pareto).sort((a, b) => a.usd_per_1000 - b.usd_per_1000);
-    Plotly.newPlot("chart-pareto", [
+    plot("chart-pareto", [
       point(workers, "final worker", "circle"),
       point(conductors, "conductor version", "diamond"),
       { type: "scatter", mode: "lines", name: "Pareto front", x: front.map((r) => Number(r.usd_per_1000)), y: front.map((r) => r.accuracy), line: { dash: "dot", color: "#8a93a3" }, hoverinfo: "skip" },
@@ -54,10 +56,10 @@
   } else {
     const workersAll = [...new Set(routing.map((r) => r.worker))];
     const domains = [...new Set(routing.map((r) => r.domain))];
-    Plotly.newPlot("chart-routing", workersAll.map((w) => ({
+    plot("chart-routing", workersAll.map((w) => ({
       type: "bar", orientation: "h", name: w, y: domains, marker: { color: color(w) },
       x: domains.map((d) => { const r = routing.find((x) => x.domain === d && x.worker === w); return r ? r.share : 0; }),
     })), { ...base, barmode: "stack", xaxis: { title: "share of steps", tickformat: ".0%" }, margin: { ...base.margin, l: 110 } }, config);
   }
-  document.body.dataset.chartsReady = "1";
+  Promise.all(drawn).then(() => { document.body.dataset.chartsReady = "1"; });
 })();

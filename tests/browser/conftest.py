@@ -239,9 +239,11 @@ def asgi_page(browser: Browser, daphne_server: DaphneServer) -> Iterator[Page]:
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on(
         "response",
-        lambda r: errors.append(f"HTTP {r.status} {r.url}")
-        if r.status >= 400 and not r.url.endswith("/favicon.ico")
-        else None,
+        lambda r: (
+            errors.append(f"HTTP {r.status} {r.url}")
+            if r.status >= 400 and not r.url.endswith("/favicon.ico")
+            else None
+        ),
     )
     yield page
     context.close()

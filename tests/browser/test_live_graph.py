@@ -122,7 +122,9 @@ def test_the_graph_fills_in_live_as_the_run_goes_and_shows_each_step_on_click(
     run = submit()
     open_graph(page, run)
     navigations: list[str] = []
-    page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+    page.on(
+        "framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None
+    )
     navigations.append(page.url)
     shot(page, "1-queued")
 
@@ -145,7 +147,9 @@ def test_the_graph_fills_in_live_as_the_run_goes_and_shows_each_step_on_click(
     expect(page.locator("#live-state")).to_have_text("live")
     expect(page.locator("#run-status")).to_contain_text(f"Run {run.pk}: succeeded")
     assert_not_reloaded(page, navigations)
-    state = page.evaluate("({ n: window.__conductorGraph.latencies.length, seq: window.__conductorGraph.lastSeq })")
+    state = page.evaluate(
+        "({ n: window.__conductorGraph.latencies.length, seq: window.__conductorGraph.lastSeq })"
+    )
     assert state["n"] > 0, "no live event reached the page"
     assert state["seq"] == ChainHead.objects.get(chain=run_chain(run.correlation_id)).seq
     shot(page, "3-succeeded")
@@ -185,7 +189,9 @@ def test_a_dropped_websocket_reconnects_and_the_graph_catches_up_without_a_reloa
     run = submit()
     open_graph(page, run)
     navigations: list[str] = [page.url]
-    page.on("framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None)
+    page.on(
+        "framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None
+    )
 
     worker = EngineThread(run.pk)
     worker.start()
@@ -196,7 +202,9 @@ def test_a_dropped_websocket_reconnects_and_the_graph_catches_up_without_a_reloa
             " return s && s.status === 'succeeded'; }",
             timeout=20_000,
         )
-        page.evaluate("window.__firstSocket = window.__conductorGraph.socket; window.__conductorGraph.socket.close()")
+        page.evaluate(
+            "window.__firstSocket = window.__conductorGraph.socket; window.__conductorGraph.socket.close()"
+        )
         expect(page.locator("#live-state")).to_have_text("reconnecting…")
         shot(page, "6-reconnecting")
         assert worker.is_alive(), "the run ended before the socket was dropped; the test proves nothing"
@@ -210,7 +218,9 @@ def test_a_dropped_websocket_reconnects_and_the_graph_catches_up_without_a_reloa
     expect(graph).to_have_attribute("data-nodes", "3")
     assert page.evaluate(STEP_STATUSES) == ["succeeded"] * 3
     assert page.evaluate(NODE_COLORS) == [SUCCEEDED] * 3
-    api = page.request.get(page.locator("#graph").get_attribute("data-api"), headers={"Accept": "application/json"})
+    api = page.request.get(
+        page.locator("#graph").get_attribute("data-api"), headers={"Accept": "application/json"}
+    )
     assert api.ok
     final_seq = next(r for r in api.json()["runs"] if r["id"] == run.pk)["audit_seq"]
     assert final_seq == ChainHead.objects.get(chain=run_chain(run.correlation_id)).seq

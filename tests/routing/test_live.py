@@ -148,7 +148,9 @@ def test_a_run_delivers_its_events_after_commit_in_chain_order_and_only_to_its_t
 
     async def receive_run(ws, run_id) -> list[tuple[dict, dict | None]]:
         """Events until run.succeeded, each with the audit row visible at the moment it arrived."""
-        engine_done = asyncio.ensure_future(sync_to_async(run_engine_in_thread, thread_sensitive=False)(run_id))
+        engine_done = asyncio.ensure_future(
+            sync_to_async(run_engine_in_thread, thread_sensitive=False)(run_id)
+        )
         got = []
         try:
             while True:
