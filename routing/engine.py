@@ -408,15 +408,11 @@ def _record_decision(
                     for i, s in enumerate(plan.steps)
                 ]
             )
-        event_record(
-            actor=ENGINE,
-            action="plan.emitted"
-            if plan is not None
-            else ("plan.blocked" if blocked_by else "plan.rejected"),
-            obj=decision,
-            task_id=run.task_id,
-            correlation_id=run.correlation_id,
-            payload={
+        _audit(
+            run,
+            "plan.emitted" if plan is not None else ("plan.blocked" if blocked_by else "plan.rejected"),
+            decision,
+            {
                 "backend": version.backend,
                 "version": version.name,
                 "depth": depth,

@@ -18,10 +18,12 @@
   }
 
   async function reload() {
-    state.reloads += 1;
+    const mine = (state.reloads += 1);
     const response = await fetch(api, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     if (!response.ok) { runStatus.textContent = "Could not load the task (" + response.status + ")."; return; }
-    state.task = await response.json();
+    const task = await response.json();
+    if (mine !== state.reloads) return; // a newer re-read is on its way: never draw an older state over it
+    state.task = task;
     state.run = latestRun(state.task);
     state.lastSeq = state.run ? state.run.audit_seq : 0;
     draw();
