@@ -227,3 +227,38 @@ def test_a_dropped_websocket_reconnects_and_the_graph_catches_up_without_a_reloa
     assert page.evaluate("window.__conductorGraph.lastSeq") == final_seq
     assert_not_reloaded(page, navigations)
     shot(page, "7-reconnected-succeeded")
+
+
+def test_a_replay_task_fills_its_graph_live(asgi_page: Page, asgi_log_in, replay_pool, settings):
+    """The offline pool end to end: a recorded MATH item, the static conductor's 3-step cross-check."""
+    from routing import replay
+
+    settings.CONDUCTOR_REPLAY_LATENCY_S = 0.8  # the engine runs in this process: slow enough to watch
+    item = next(i for i in replay.read_items(replay.split_path("dev")) if i.domain == "math-l5")
+    task, _ = task_submit(
+        submission=TaskSubmission(
+            text=item.task, reference=item.reference, domain=item.domain, source_item=item.id
+        ),
+        source=Task.Source.API,
+    )
+    run = task.runs.get()
+    page = asgi_page
+    asgi_log_in("olga", Role.OPERATOR)
+    open_graph(page, run)
+    navigations: list[str] = [page.url]
+    page.on(
+        "framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None
+    )
+
+    worker = EngineThread(run.pk)
+    worker.start()
+    try:
+        expect(page.locator("#graph")).to_have_attribute("data-nodes", "3", timeout=20_000)
+        expect(page.locator("#graph")).to_have_attribute("data-run-status", "succeeded", timeout=30_000)
+    finally:
+        worker.finish()
+    assert page.evaluate(STEP_STATUSES) == ["succeeded"] * 3
+    click_node(page, 2, "gpt-4o-2024-08-06")
+    expect(page.locator("#node-panel")).to_contain_text("Two solvers answered the problem below")
+    assert_not_reloaded(page, navigations)
+    shot(page, "8-replay-succeeded")
