@@ -22,6 +22,8 @@ from pathlib import Path
 
 import django
 
+from bench.docs import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
@@ -96,14 +98,13 @@ def main() -> None:
         print(json.dumps({**row, "machine": machine}))
     print(json.dumps({"events_written": AuditEvent.objects.count() - before}))
     if args.write:
-        path = ROOT / "docs" / "benchmarks.md"
-        text = path.read_text()
         rows = "\n".join(
             f"| {r['layout']} | {r['threads']} | {r['events']} | {r['events_per_s']} | {r['p50_ms']} ms | {r['p95_ms']} ms |"
             for r in results
         )
-        section = f"""<!-- audit:start -->
-## Audit chain: cost per step
+        write_section(
+            "audit",
+            f"""## Audit chain: cost per step
 
 Command: `CONDUCTOR_VAR_DIR=/tmp/bench-var python -m bench.audit_chain --threads {args.threads} --events {args.events}`
 (a private embedded PostgreSQL, so that the benchmark's events stay out of your record) on {machine}.
@@ -115,17 +116,8 @@ content) and inserts the event, as the engine does for every step and attempt.
 {rows}
 
 With one chain per run, concurrent runs do not wait for each other; with a single global chain every
-append in the system queues behind one row lock.
-<!-- audit:end -->"""
-        if "<!-- audit:start -->" in text:
-            start, end = (
-                text.index("<!-- audit:start -->"),
-                text.index("<!-- audit:end -->") + len("<!-- audit:end -->"),
-            )
-            text = text[:start] + section + text[end:]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        path.write_text(text)
+append in the system queues behind one row lock.""",
+        )
 
 
 if __name__ == "__main__":

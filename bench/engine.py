@@ -24,6 +24,8 @@ from pathlib import Path
 
 import django
 
+from bench.docs import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
@@ -150,11 +152,10 @@ def main() -> None:
 
 
 def write_docs(results: list[dict], machine: str, args: argparse.Namespace) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
     lat, batch = results
-    section = f"""<!-- engine:start -->
-## Engine: latency and throughput (replay pool, static conductor)
+    write_section(
+        "engine",
+        f"""## Engine: latency and throughput (replay pool, static conductor)
 
 Command: `python -m bench.engine --latency-runs {args.latency_runs} --batch {args.batch} --concurrency {args.concurrency}`
 on {machine}, embedded PostgreSQL and Redis, one Celery worker with {args.concurrency} processes.
@@ -166,15 +167,8 @@ database writes and audit events of every step and attempt, and the broker round
 | submission to final answer, 3-step workflow (p50 / p95 / mean over {lat["runs"]} runs) | {lat["p50"]} s / {lat["p95"]} s / {lat["mean"]} s |
 | batch of {batch["tasks"]} replay tasks: steps | {batch["steps"]} ({batch["failed"]} tasks failed) |
 | batch wall time (first submission to last answer) | {batch["elapsed_s"]} s |
-| throughput | {batch["steps_per_s"]} steps/s, {batch["tasks_per_s"]} tasks/s |
-<!-- engine:end -->"""
-    if "<!-- engine:start -->" in text:
-        start = text.index("<!-- engine:start -->")
-        end = text.index("<!-- engine:end -->") + len("<!-- engine:end -->")
-        text = text[:start] + section + text[end:]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+| throughput | {batch["steps_per_s"]} steps/s, {batch["tasks_per_s"]} tasks/s |""",
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import django
 
+from bench.docs import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
@@ -217,10 +219,9 @@ def main() -> None:
 
 
 def write_docs(result: dict, args: argparse.Namespace) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"""<!-- live:start -->
-## Live graph: commit-to-browser latency
+    write_section(
+        "live",
+        f"""## Live graph: commit-to-browser latency
 
 Command: `python -m bench.live_latency --steps {args.steps}` on {result["machine"]}, PostgreSQL and
 Redis on loopback, the ASGI app under daphne, headless Chromium with one graph page open. The engine
@@ -235,15 +236,8 @@ compared with the page's clock when the event arrives over the websocket.
 | REST re-reads by the pages (initial loads, finished steps, gaps) | {result["page_rereads"]} |
 
 The path measured: `transaction.on_commit` → Redis channel layer → daphne → websocket → the page's
-handler. Redrawing after a re-read over REST is not included.
-<!-- live:end -->"""
-    if "<!-- live:start -->" in text:
-        start = text.index("<!-- live:start -->")
-        end = text.index("<!-- live:end -->") + len("<!-- live:end -->")
-        text = text[:start] + section + text[end:]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
+handler. Redrawing after a re-read over REST is not included.""",
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import django
 
+from bench.docs import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
@@ -93,26 +95,18 @@ def main() -> None:
     for row in rows:
         print(json.dumps(row))
     if args.write:
-        path = ROOT / "docs" / "benchmarks.md"
-        text = path.read_text()
         table = "\n".join(f"| {r['query']} | {r['ms']} ms |" for r in rows)
-        section = f"""<!-- tasklist:start -->
-## Task list at scale
+        write_section(
+            "tasklist",
+            f"""## Task list at scale
 
 Command: `CONDUCTOR_VAR_DIR=/tmp/bench-var python -m bench.task_list --tasks {args.tasks}` on {machine},
 embedded PostgreSQL, {total:,} tasks. Median of 7 runs of the query behind one page of 50 tasks.
 
 | query | median |
 |---|---|
-{table}
-<!-- tasklist:end -->"""
-        if "<!-- tasklist:start -->" in text:
-            start = text.index("<!-- tasklist:start -->")
-            end = text.index("<!-- tasklist:end -->") + len("<!-- tasklist:end -->")
-            text = text[:start] + section + text[end:]
-        else:
-            text = text.rstrip() + "\n\n" + section + "\n"
-        path.write_text(text)
+{table}""",
+        )
 
 
 if __name__ == "__main__":
