@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
-from django.contrib.postgres.search import SearchVector
+from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -155,13 +155,17 @@ class Task(models.Model):
     purged_at = models.DateTimeField(
         null=True, blank=True, help_text="Content deleted under the retention policy"
     )
+    # Full-text search over the task text (the task list's search box), computed by PostgreSQL and
+    # stored, so that matching a row never re-parses its text.
+    search_vector = models.GeneratedField(
+        expression=SearchVector("text", config="english"), output_field=SearchVectorField(), db_persist=True
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at"], name="task_status_created"),
-            # Full-text search over task text (the task list's search box); see selectors.task_list.
-            GinIndex(SearchVector("text", config="english"), name="task_text_search"),
+            GinIndex(fields=["search_vector"], name="task_text_search"),
         ]
 
     def __str__(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.contrib.postgres.search import SearchQuery
 from django.db.models import Prefetch, QuerySet
 
 from .models import Attempt, Decision, Run, Step, Task, Worker
@@ -20,7 +20,7 @@ def task_list(
         qs = qs.filter(classification=classification)
     if search:
         qs = _search(qs, search)
-    return qs.defer("final_answer")
+    return qs.defer("final_answer", "search_vector")
 
 
 def _search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
@@ -30,8 +30,7 @@ def _search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
         return qs.filter(pk=uuid.UUID(search.strip()))
     except ValueError:
         pass
-    query = SearchQuery(search, config="english", search_type="websearch")
-    return qs.annotate(search=SearchVector("text", config="english")).filter(search=query)
+    return qs.filter(search_vector=SearchQuery(search, config="english", search_type="websearch"))
 
 
 def run_detail_queryset() -> QuerySet[Run]:
