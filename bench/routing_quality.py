@@ -1,0 +1,141 @@
+"""Routing quality on recorded outcomes: the learned conductor against every single model, random,
+the static rules, a cost-aware cascade and the oracle.
+
+    python -m bench.routing_quality TRAIN.jsonl.gz EVAL.jsonl.gz [--write]
+
+Any files in the replay format work (another split, another benchmark). The learned policy is trained
+with GRPO on the first file only and evaluated greedily on the second; every system is scored from
+the recorded outcomes of real models. Prints one JSON line per system at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.docs import write_section  # noqa: E402
+from training.policy import GRPOConfig, Outcome, Policy, Workflow, default_actions, simulate, train  # noqa: E402
+
+
+def read(path: Path) -> list:
+    import gzip
+    from types import SimpleNamespace
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [SimpleNamespace(**json.loads(line)) for line in fh if line.strip()]
+
+
+def score(name: str, choose, items) -> dict:
+    outcomes = [simulate(choose(item), item.outcomes) for item in items]
+    return summary(name, outcomes)
+
+
+def summary(name: str, outcomes: list[Outcome]) -> dict:
+    n = len(outcomes)
+    return {
+        "system": name,
+        "accuracy": round(sum(o.correct for o in outcomes) / n, 4),
+        "usd_per_1000": round(sum(o.cost_usd for o in outcomes) / n * 1000, 4),
+    }
+
+
+STATIC = {"math-l5": Workflow("cascade", ("gpt-4o-mini-2024-07-18", "gemini-1.5-flash", "gpt-4o-2024-08-06"))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("train", type=Path)
+    parser.add_argument("eval", type=Path)
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--cost-penalty", type=float, default=20.0, help="reward = correct - penalty x USD")
+    parser.add_argument("--learning-rate", type=float, default=3.0)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    train_items, eval_items = read(args.train), read(args.eval)
+    models = sorted(eval_items[0].outcomes)
+    actions = default_actions(models)
+
+    started = time.perf_counter()
+    policy = Policy.new(actions)
+    curve = train(
+        policy,
+        train_items,
+        GRPOConfig(
+            epochs=args.epochs, cost_penalty_per_usd=args.cost_penalty, learning_rate=args.learning_rate
+        ),
+    )
+    train_s = time.perf_counter() - started
+
+    rows = [score(m, lambda item, m=m: Workflow("single", (m,)), eval_items) for m in models]
+    rng = random.Random(0)
+    rows.append(score("random", lambda item: rng.choice(actions), eval_items))
+    rows.append(
+        score(
+            "static rules",
+            lambda item: (
+                STATIC.get(item.domain)
+                or Workflow(
+                    "single",
+                    ("gpt-4o-2024-08-06" if item.domain == "cruxeval-o" else "gpt-4o-mini-2024-07-18",),
+                )
+            ),
+            eval_items,
+        )
+    )
+    cascade = Workflow("cascade", ("gpt-4o-mini-2024-07-18", "gemini-1.5-flash", "gpt-4o-2024-08-06"))
+    rows.append(score("cascade: mini + flash, gpt-4o on disagreement", lambda item: cascade, eval_items))
+    rows.append(
+        score("learned conductor (GRPO)", lambda item: policy.choose(item.task, item.domain)[0], eval_items)
+    )
+    oracle = []
+    for item in eval_items:
+        right = [o for o in item.outcomes.values() if o["score"] == 1.0]
+        best = (
+            min(right, key=lambda o: o["cost_usd"])
+            if right
+            else min(item.outcomes.values(), key=lambda o: o["cost_usd"])
+        )
+        oracle.append(Outcome(float(best["score"]), float(best["cost_usd"])))
+    rows.append(summary("oracle (cheapest correct model)", oracle))
+
+    best_single = max(rows[: len(models)], key=lambda r: r["accuracy"])
+    learned = next(r for r in rows if r["system"].startswith("learned"))
+    goal = {
+        "best_single": best_single["system"],
+        "accuracy_gain_points": round((learned["accuracy"] - best_single["accuracy"]) * 100, 2),
+        "cost_ratio_to_best_single": round(learned["usd_per_1000"] / best_single["usd_per_1000"], 3),
+        "train_s": round(train_s, 1),
+        "reward_curve": [round(r, 4) for r in curve[:: max(1, len(curve) // 10)]],
+    }
+    if args.write:
+        table = "\n".join(f"| {r['system']} | {r['accuracy']:.3f} | {r['usd_per_1000']:.2f} |" for r in rows)
+        write_section(
+            "routing:quality",
+            f"""## Routing quality on recorded outcomes
+
+Command: `python -m bench.routing_quality <replay>/train.jsonl.gz <replay>/dev.jsonl.gz` ({len(train_items)}
+training items, {len(eval_items)} evaluation items; the learned policy is trained on the first file only,
+{args.epochs} GRPO epochs, groups of 16, cost penalty {args.cost_penalty} per USD; {train_s:.0f} s on a CPU).
+
+| system | accuracy | USD per 1,000 tasks |
+|---|---|---|
+{table}
+
+Learned vs the best single model ({best_single["system"]}): {goal["accuracy_gain_points"]:+.2f} points of accuracy
+at {goal["cost_ratio_to_best_single"]:.2f}x its cost.""",
+        )
+    for row in rows:
+        print(json.dumps(row))
+    print(json.dumps(goal))
+
+
+if __name__ == "__main__":
+    main()
