@@ -13,6 +13,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Protocol
 
 from .models import CONDUCTOR_SLUG, ConductorVersion, Worker
@@ -49,6 +50,7 @@ class PlanRequest:
     feedback: str = ""  # why the previous proposal was rejected
     parent_plan: dict[str, Any] | None = None  # set for a recursive (inner) call
     last_response: str = ""
+    visible_responses: tuple[str, ...] = ()  # inner call: responses of the steps the conductor step may see
 
     @property
     def is_inner(self) -> bool:
@@ -337,11 +339,91 @@ def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]
     return result
 
 
+class LearnedConductor:
+    """The GRPO-trained policy (training.policy): picks a workflow in milliseconds on a CPU.
+
+    A cascade's conductor step comes back here as an inner call: it passes the answer through when the
+    two cheap answers agree and asks the judge when they do not.
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        from training.policy import Policy
+
+        path = config.get("policy_path")
+        if not path:
+            raise ValueError("a learned conductor needs config['policy_path']")
+        self.policy = Policy.from_json(Path(path).read_text())
+
+    def propose(self, request: PlanRequest) -> Proposal:
+        from training.policy import answer_key
+        from training.scorers import extract_answer
+
+        started = time.monotonic()
+        if request.is_inner:
+            # The cascade names its judge in the conductor step's instruction (training.policy.Workflow.plan).
+            instructions = [
+                st["instruction"]
+                for st in (request.parent_plan or {}).get("steps", [])
+                if st["worker"] == CONDUCTOR_SLUG
+            ]
+            named = re.search(r"otherwise ask ([\w.\-]+)\.", instructions[0]) if instructions else None
+            judge = named.group(1) if named else ""
+            answers = {answer_key(extract_answer(r)) for r in request.visible_responses}
+            if len(answers) == 1 and "" not in answers or judge not in request.allowed_slugs:
+                plan: dict[str, Any] = {"thought": "the cheap answers agree: pass through", "steps": []}
+            else:
+                plan = {
+                    "thought": f"the cheap answers disagree: ask {judge}",
+                    "steps": [{"worker": judge, "instruction": request.task_text, "access": []}],
+                }
+            return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
+        allowed = {slug.lower(): slug for slug in request.allowed_slugs}
+        p = self.policy.probabilities(_policy_features(request))
+        alternatives = []
+        chosen = None
+        for index in sorted(range(len(p)), key=lambda i: -p[i]):
+            workflow = self.policy.actions[index]
+            if len(alternatives) < 5:
+                alternatives.append({"workflow": workflow.name, "p": round(float(p[index]), 4)})
+            fits = (
+                all(w.lower() in allowed for w in workflow.workers)
+                and len(workflow.plan("")["steps"]) <= request.max_steps
+            )
+            needs_recursion = workflow.kind == "cascade"
+            if chosen is None and fits and (request.may_recurse or not needs_recursion):
+                chosen = workflow
+        if chosen is None:
+            plan = {"thought": "no workflow of the policy fits the allowed workers", "steps": []}
+        else:
+            plan = chosen.plan(request.task_text)
+            for step in plan["steps"]:
+                if step["worker"] != CONDUCTOR_SLUG:
+                    step["worker"] = allowed[step["worker"].lower()]
+            for step in plan["steps"]:
+                if step["worker"] == CONDUCTOR_SLUG:  # name the judge as the pool knows it
+                    judge = chosen.workers[2]
+                    step["instruction"] = step["instruction"].replace(judge, allowed[judge.lower()])
+            plan["thought"] += f" (p={max(a['p'] for a in alternatives):.2f})"
+        return Proposal(
+            raw_output=json.dumps(plan),
+            alternatives=[{"step": 0, "candidates": alternatives}],
+            latency_ms=int((time.monotonic() - started) * 1000),
+        )
+
+
+def _policy_features(request: PlanRequest):
+    from training.policy import features
+
+    return features(request.task_text, request.domain)
+
+
 def conductor_for(version: ConductorVersion) -> Conductor:
     if version.backend == ConductorVersion.Backend.STATIC:
         return StaticConductor(version.config)
     if version.backend == ConductorVersion.Backend.LLM:
         return LLMConductor(version.config)
+    if version.backend == ConductorVersion.Backend.LEARNED:
+        return LearnedConductor(version.config)
     raise ValueError(f"conductor backend {version.backend!r} is not available")
 
 

@@ -228,6 +228,7 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         parent_context = {
             "parent_plan": parent_step.decision.plan,
             "last_response": _last_response_before(parent_step),
+            "visible_responses": tuple(s.response for s in _visible_steps(parent_step)),
         }
     conductor = conductor_for(run.conductor_version)
     tries = decisions.count()

@@ -1,0 +1,76 @@
+"""The learned conductor plans live tasks through the engine, cascades included."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+from routing import engine, replay
+from routing.models import ConductorVersion, Decision, Run, RunStatus, Step, Task
+from routing.services import TaskSubmission, conductor_active, task_submit
+from training.policy import Policy, Workflow
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_item(item) -> Run:
+    task, _ = task_submit(
+        submission=TaskSubmission(
+            text=item.task, reference=item.reference, domain=item.domain, source_item=item.id
+        ),
+        source=Task.Source.CLI,
+    )
+    engine.execute_run(task.runs.get().pk)
+    return Run.objects.get(task=task)
+
+
+def forced_policy(tmp_path, workflow: Workflow) -> ConductorVersion:
+    """A policy whose only action is `workflow`: the test decides the plan, the engine runs it."""
+    path = tmp_path / "policy.json"
+    path.write_text(Policy.new([workflow]).to_json())
+    version = ConductorVersion.objects.create(
+        name="learned-test", backend="learned", config={"policy_path": str(path)}
+    )
+    ConductorVersion.objects.exclude(pk=version.pk).update(is_active=False)
+    ConductorVersion.objects.filter(pk=version.pk).update(is_active=True)
+    return version
+
+
+def test_train_conductor_registers_and_activates_a_learned_version(replay_pool, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    call_command("train_conductor", "learned-v1", "--limit", "60", "--epochs", "3", "--activate")
+    active = conductor_active()
+    assert active.name == "learned-v1" and active.backend == "learned"
+    item = replay.read_items(replay.split_path("dev"))[0]
+    run = run_item(item)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    decision = Decision.objects.get(run=run, depth=0)
+    assert decision.backend == "learned" and decision.alternatives[0]["candidates"]
+
+
+@pytest.mark.parametrize("agree", [True, False], ids=["cheap-answers-agree", "cheap-answers-disagree"])
+def test_a_cascade_escalates_to_the_judge_only_when_the_cheap_answers_disagree(replay_pool, tmp_path, agree):
+    cheap_a, cheap_b, judge = "gpt-4o-mini-2024-07-18", "gemini-1.5-flash", "gpt-4o-2024-08-06"
+    items = replay.read_items(replay.split_path("dev"))
+
+    def same(item):
+        a, b = item.outcomes[cheap_a]["answer"], item.outcomes[cheap_b]["answer"]
+        return a.strip().lower() == b.strip().lower() and a.strip() != ""
+
+    item = next(i for i in items if i.domain == "gsm8k" and same(i) == agree)
+    forced_policy(tmp_path, Workflow("cascade", (cheap_a, cheap_b, judge)))
+
+    run = run_item(item)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    steps = list(Step.objects.filter(run=run).order_by("depth", "index"))
+    nested = Decision.objects.get(run=run, depth=1)
+    if agree:
+        assert [s.worker_slug for s in steps] == [cheap_a, cheap_b, "conductor"]
+        assert json.loads(nested.raw_output)["steps"] == []
+    else:
+        assert [s.worker_slug for s in steps] == [cheap_a, cheap_b, "conductor", judge]
+        assert run.final_answer == steps[-1].response
+    assert run.score == (item.outcomes[cheap_a]["score"] if agree else item.outcomes[judge]["score"])
