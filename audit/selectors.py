@@ -106,9 +106,6 @@ def vendor_tasks(
     return list(qs.distinct().order_by("-created_at")[:limit])
 
 
-POLICY_ACTIONS = ("plan.blocked", "step.failed", "policyrule.", "run.failed")
-
-
 def policy_events(*, since: datetime | None, until: datetime | None, limit: int = 500) -> list[AuditEvent]:
     """Blocks (plans and steps stopped by a rule) and changes to the rules, newest first."""
     qs = AuditEvent.objects.filter(

@@ -75,7 +75,8 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
     threshold = settings.OPS_ERROR_RATE_ALERT
     for row in workers:
         row["error_rate"] = row["errors"] / row["calls"] if row["calls"] else 0.0
-        if row["calls"] >= settings.OPS_ALERT_MIN_CALLS and row["error_rate"] >= threshold:
+        row["alerting"] = row["calls"] >= settings.OPS_ALERT_MIN_CALLS and row["error_rate"] >= threshold
+        if row["alerting"]:
             alerts.append(
                 f"{row['worker']}: {row['error_rate']:.0%} of {row['calls']} calls failed in the last {minutes} min "
                 f"(threshold {threshold:.0%})"

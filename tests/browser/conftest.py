@@ -79,16 +79,20 @@ def log_in(page: Page, live_server, make_user) -> Callable[..., object]:
     form at /login/. The login lands on the task list, which needs a role: give at least one."""
 
     def _log_in(username: str = "grace", *roles: str):
-        user = make_user(username, *roles, password=PASSWORD)
-        page.goto("/login/")
-        page.get_by_label("Username").fill(username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(re.compile(re.escape(live_server.url) + r"/$"))
-        expect(page.locator("form.logout")).to_contain_text(username)
-        return user
+        return log_in_through_the_form(page, live_server.url, make_user(username, *roles, password=PASSWORD))
 
     return _log_in
+
+
+def log_in_through_the_form(page: Page, base_url: str, user) -> object:
+    """Log `user` in through the real login form; it lands on the task list."""
+    page.goto("/login/")
+    page.get_by_label("Username").fill(user.get_username())
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(re.compile(re.escape(base_url) + r"/$"))
+    expect(page.locator("form.logout")).to_contain_text(user.get_username())
+    return user
 
 
 @pytest.fixture
@@ -255,13 +259,8 @@ def asgi_log_in(asgi_page: Page, daphne_server: DaphneServer, make_user) -> Call
     """`asgi_log_in("olga", "operator")`: that user, logged in through the real form on daphne."""
 
     def _log_in(username: str = "grace", *roles: str):
-        user = make_user(username, *roles, password=PASSWORD)
-        asgi_page.goto("/login/")
-        asgi_page.get_by_label("Username").fill(username)
-        asgi_page.get_by_label("Password").fill(PASSWORD)
-        asgi_page.get_by_role("button", name="Log in").click()
-        asgi_page.wait_for_url(re.compile(re.escape(daphne_server.url) + r"/$"))
-        expect(asgi_page.locator("form.logout")).to_contain_text(username)
-        return user
+        return log_in_through_the_form(
+            asgi_page, daphne_server.url, make_user(username, *roles, password=PASSWORD)
+        )
 
     return _log_in

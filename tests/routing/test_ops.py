@@ -57,3 +57,15 @@ def test_the_overview_page_renders_for_every_role_and_escapes_worker_names(clien
         assert client.get("/ops/?partial=1").content.count(b"<html") == 0
     client.force_login(make_user("nobody"))
     assert client.get("/ops/").status_code == 403
+
+
+def test_a_worker_row_is_marked_only_when_it_crosses_the_alert_threshold(live_pool, settings):
+    settings.OPS_ALERT_MIN_CALLS = 2
+    settings.OPS_ERROR_RATE_ALERT = 0.6  # alpha will fail 50% of its calls: under this threshold
+    run_task(live_pool["server"], [Reply(status=500), Reply("ok")])
+
+    alpha = next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")
+
+    assert alpha["error_rate"] == pytest.approx(0.5) and not alpha["alerting"]
+    settings.OPS_ERROR_RATE_ALERT = 0.5
+    assert next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")["alerting"]
