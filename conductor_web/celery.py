@@ -10,16 +10,25 @@ app.autodiscover_tasks()
 
 
 def worker_command(
-    *, concurrency: int, loglevel: str = "INFO", hostname: str = "", quiet: bool = False
+    *,
+    concurrency: int,
+    loglevel: str = "INFO",
+    hostname: str = "",
+    quiet: bool = False,
+    queues: tuple[str, ...] = ("runs",),
 ) -> list[str]:
     """The command line of a `celery worker` for this app on this interpreter (demo, tests, benchmarks).
 
+    queues: "runs" (workflow runs) and/or "training" (training jobs), prefixed as configured.
     quiet: no gossip, mingle or heartbeat between workers, for short-lived local workers.
     """
     import sys
 
+    from django.conf import settings
+
     command = [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "--loglevel", loglevel]
     command += ["--concurrency", str(concurrency), "--pool", "prefork"]
+    command += ["--queues", ",".join(settings.CONDUCTOR_QUEUE_PREFIX + q for q in queues)]
     if hostname:
         command += ["--hostname", hostname]
     if quiet:

@@ -130,8 +130,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = RUN_TIME_LIMIT_S
 CELERY_TASK_SOFT_TIME_LIMIT = RUN_TIME_LIMIT_S - 5
-CELERY_TASK_DEFAULT_QUEUE = env_str("CONDUCTOR_QUEUE_PREFIX", "") + "runs"
-CELERY_TASK_ROUTES = {"training.*": {"queue": env_str("CONDUCTOR_QUEUE_PREFIX", "") + "training"}}
+CONDUCTOR_QUEUE_PREFIX = env_str("CONDUCTOR_QUEUE_PREFIX", "")
+CELERY_TASK_DEFAULT_QUEUE = CONDUCTOR_QUEUE_PREFIX + "runs"
+CELERY_TASK_ROUTES = {"training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"}}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
@@ -141,6 +142,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
     },
     "retention-purge": {"task": "audit.tasks.retention_purge", "schedule": 3600.0},
+    "training-settle": {"task": "training.tasks.settle", "schedule": 30.0},
 }
 CELERY_TASK_ALWAYS_EAGER = False
 
@@ -162,6 +164,11 @@ CONDUCTOR_DEFAULT_MAX_USD: Decimal = env_decimal("CONDUCTOR_DEFAULT_MAX_USD", "1
 CONDUCTOR_DEFAULT_BACKEND = env_choice("CONDUCTOR_DEFAULT_BACKEND", "static", {"static", "llm"})
 
 CONDUCTOR_REPLAY_LATENCY_S = env_float("CONDUCTOR_REPLAY_LATENCY_S", 0.0, minimum=0.0)
+# The worker (slug) that grades answers for tasks scored by "judge"; empty: such tasks get no score.
+CONDUCTOR_JUDGE_WORKER = env_str("CONDUCTOR_JUDGE_WORKER", "")
+# The vLLM server (OpenAI API) that serves LLM conductors trained here: their LoRA adapters are loaded
+# into it on promotion.
+CONDUCTOR_VLLM_API_BASE = env_str("CONDUCTOR_VLLM_API_BASE", "http://127.0.0.1:8000/v1")
 
 # Live overview alerts: a worker's error rate over the window (once it has this many calls), and
 # spend in any one minute.

@@ -7,6 +7,7 @@ urlpatterns = [
     path("", include("routing.urls")),
     path("api/", include("routing.api_urls")),
     path("audit/", include("audit.urls")),
+    path("training/", include("training.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

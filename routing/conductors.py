@@ -51,6 +51,8 @@ class PlanRequest:
     parent_plan: dict[str, Any] | None = None  # set for a recursive (inner) call
     last_response: str = ""
     visible_responses: tuple[str, ...] = ()  # inner call: responses of the steps the conductor step may see
+    temperature: float | None = None  # set for rollouts: sample the plan at this temperature
+    seed: int | None = None  # makes a sampled plan reproducible
 
     @property
     def is_inner(self) -> bool:
@@ -279,13 +281,16 @@ class LLMConductor:
             messages=messages,
             api_base=self.api_base,
             api_key=os.environ.get(self.api_key_env) if self.api_key_env else "none",
-            temperature=self.temperature,
+            temperature=self.temperature if request.temperature is None else request.temperature,
             max_tokens=self.max_tokens,
             logprobs=True,
             top_logprobs=self.top_logprobs,
             response_format={"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}},
             # vLLM >= 0.12 reads structured_outputs (guided_json is ignored there).
             extra_body={"structured_outputs": {"json": schema}},
+            **(
+                {"seed": request.seed} if request.temperature is not None and request.seed is not None else {}
+            ),
         )
         latency_ms = int((time.monotonic() - started) * 1000)
         cost = (

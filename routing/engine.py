@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.db.models import F, Sum
+from django.db.models import Exists, F, Sum
 from django.utils import timezone
 
 from audit import policies
@@ -46,7 +46,7 @@ from .models import (
     Worker,
 )
 from .plans import MAX_STEPS, Plan, PlanError, parse_plan
-from .providers import ProviderCallError, complete
+from .providers import ProviderCallError, complete, worker_api_key
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,8 @@ def _claim(run_id: int) -> Run | None:
             attempt.finished_at = now
             attempt.save(update_fields=["status", "error", "finished_at"])
         Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
-        Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
         _audit(
             run,
             "run.resumed" if resumed else "run.started",
@@ -247,9 +248,15 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             max_steps=min(MAX_STEPS, remaining),
             may_recurse=depth < task.max_depth,
             feedback=feedback,
+            temperature=run.temperature,
+            seed=run.pk * 100 + depth * 10 + tries,
             **parent_context,
         )
-        proposal = _propose(run, conductor, request)
+        if run.plan_override and parent_step is None:
+            # A trainer's sampled plan: executed as written, never re-asked (an invalid one is its reward).
+            proposal = Proposal(raw_output=run.plan_override)
+        else:
+            proposal = _propose(run, conductor, request)
         plan: Plan | None = None
         error = ""
         blocked: policies.Verdict | None = None
@@ -314,6 +321,8 @@ def _ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             return decision
         feedback = error
         last_blocked = blocked
+        if run.plan_override and parent_step is None:
+            raise RunStopped(f"the given plan is invalid: {error}", stop_reason="invalid_plan")
     if last_blocked is not None:
         raise RunStopped(f"the conductor's plan was blocked twice; {feedback}", stop_reason="policy_blocked")
     raise RunStopped(
@@ -365,13 +374,15 @@ def _record_decision(
     blocked_by: str,
 ) -> Decision:
     version = run.conductor_version
+    # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
+    backend = "given" if run.plan_override and parent_step is None else version.backend
     with transaction.atomic():
         decision = Decision.objects.create(
             run=run,
             parent_step=parent_step,
             depth=depth,
             attempt=attempt,
-            backend=version.backend,
+            backend=backend,
             version_name=version.name,
             prompt=proposal.prompt,
             raw_output=proposal.raw_output,
@@ -414,7 +425,7 @@ def _record_decision(
             "plan.emitted" if plan is not None else ("plan.blocked" if blocked_by else "plan.rejected"),
             decision,
             {
-                "backend": version.backend,
+                "backend": backend,
                 "version": version.name,
                 "depth": depth,
                 "attempt": attempt,
@@ -590,7 +601,7 @@ def _call_worker(run: Run, step: Step) -> None:
     counted = step.attempts.exclude(status=Attempt.Status.LOST)
     made = counted.count()
     number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-    api_key = os.environ.get(worker.api_key_env) if worker.api_key_env else None
+    api_key = worker_api_key(worker)
     while True:
         _check_cost_budget(run, step)
         attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
@@ -600,7 +611,7 @@ def _call_worker(run: Run, step: Step) -> None:
                 model=worker.litellm_model,
                 messages=step.messages_sent,
                 api_base=worker.api_base,
-                api_key=api_key or ("none" if worker.api_base else None),
+                api_key=api_key,
                 metadata={"replay_item": run.task.source_item, "run": str(run.correlation_id)},
             )
         except ProviderCallError as exc:
@@ -796,12 +807,28 @@ def _finish(run: Run, root: Decision) -> None:
     task = run.task
     score: float | None = None
     extracted = ""
-    if task.reference is not None and task.reference != "":
+    judged = None
+    if task.reference is not None and task.reference != "" and task.scorer == scorers.JUDGE:
+        from training.judge import judge
+
+        judged = judge(
+            task_text=task.text, reference=task.reference, response=final, classification=task.classification
+        )
+        score, extracted = judged.score, judged.answer
+    elif task.reference is not None and task.reference != "":
         score, extracted = scorers.score(
             response=final, reference=task.reference, scorer=task.scorer, domain=task.domain
         )
     now = timezone.now()
     with transaction.atomic():
+        if judged is not None:
+            _add_cost(
+                run,
+                cost=judged.cost_usd,
+                input_tokens=judged.input_tokens,
+                output_tokens=judged.output_tokens,
+            )
+            _audit(run, "score.judged", run, judged.audit_payload())
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.SUCCEEDED,
             final_answer=final,
@@ -829,6 +856,7 @@ def _finish(run: Run, root: Decision) -> None:
             },
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk)
+        _settle_training_task(run, now)
 
 
 def _fail(run: Run, message: str, stop_reason: str) -> None:
@@ -848,3 +876,16 @@ def _fail(run: Run, message: str, stop_reason: str) -> None:
             {"error": message, "stop_reason": stop_reason},
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)
+        _settle_training_task(run, now)
+
+
+def _settle_training_task(run: Run, now: Any) -> None:
+    """A training item's task (rollouts, evaluations; no live run) is done when its last run ends."""
+    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW):
+        return
+    unfinished = Run.objects.filter(task_id=run.task_id).exclude(
+        status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
+    )
+    Task.objects.filter(pk=run.task_id, source=Task.Source.TRAINING).exclude(Exists(unfinished)).update(
+        status=RunStatus.SUCCEEDED, finished_at=now
+    )

@@ -96,6 +96,9 @@ class ConductorVersion(models.Model):
     backend = models.CharField(max_length=20, choices=Backend.choices)
     config = models.JSONField(default=dict, blank=True)
     is_active = models.BooleanField(default=False)
+    is_shadow = models.BooleanField(
+        default=False, help_text="Plans the same live tasks as the active version, without affecting them"
+    )
     notes = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -104,6 +107,12 @@ class ConductorVersion(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["is_active"], condition=Q(is_active=True), name="one_active_conductor"
+            ),
+            models.UniqueConstraint(
+                fields=["is_shadow"], condition=Q(is_shadow=True), name="one_shadow_conductor"
+            ),
+            models.CheckConstraint(
+                condition=~(Q(is_active=True) & Q(is_shadow=True)), name="shadow_is_not_active"
             ),
         ]
 
@@ -123,6 +132,7 @@ class Task(models.Model):
         API = "api", "REST API"
         WEB = "web", "Web form"
         CLI = "cli", "Command line"
+        TRAINING = "training", "Training (rollouts, evaluations)"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     text = models.TextField()
@@ -181,9 +191,19 @@ class Run(models.Model):
         RETRY = "retry", "Retry"
         SHADOW = "shadow", "Shadow"
         ROLLOUT = "rollout", "Rollout"
+        EVALUATION = "evaluation", "Evaluation"
 
     task = models.ForeignKey(Task, related_name="runs", on_delete=models.PROTECT)
-    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.LIVE)
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.LIVE)
+    temperature = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Sampling temperature for the conductor (rollouts); none: its default",
+    )
+    plan_override = models.TextField(
+        blank=True,
+        help_text="A plan written elsewhere (a trainer's sample) executed instead of asking the conductor",
+    )
     conductor_version = models.ForeignKey(ConductorVersion, related_name="runs", on_delete=models.PROTECT)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     correlation_id = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)

@@ -6,6 +6,7 @@ Errors are classified once, here, into the statuses an Attempt records.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -128,6 +129,12 @@ def classify(exc: Exception) -> ProviderCallError:
     return ProviderCallError(
         Attempt.Status.ERROR, message, http_status=status_code if isinstance(status_code, int) else None
     )
+
+
+def worker_api_key(worker: Any) -> str | None:
+    """The worker's key from its environment variable; "none" for a keyless endpoint of its own."""
+    key = os.environ.get(worker.api_key_env) if worker.api_key_env else None
+    return key or ("none" if worker.api_base else None)
 
 
 def complete(

@@ -103,6 +103,13 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
         raise SubmissionError(
             f"unknown classification {submission.classification!r}; one of {DataClass.values}"
         )
+    if submission.scorer == "regex" and submission.reference is not None:
+        from training.scorers import check_pattern
+
+        try:
+            check_pattern(submission.reference)
+        except ValueError as exc:
+            raise SubmissionError(str(exc)) from exc
     max_usd = (
         settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
     )
@@ -134,6 +141,12 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                 submitted_by=user if getattr(user, "is_authenticated", False) else None,
             )
             run = Run.objects.create(task=task, conductor_version=conductor)
+            shadow = ConductorVersion.objects.filter(is_shadow=True).exclude(pk=conductor.pk).first()
+            shadow_run = (
+                Run.objects.create(task=task, conductor_version=shadow, kind=Run.Kind.SHADOW)
+                if shadow is not None
+                else None
+            )
             event_record(
                 actor=actor,
                 action="task.submitted",
@@ -152,9 +165,12 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                     },
                     "run_id": run.pk,
                     "conductor": conductor.name,
+                    "shadow": {"run_id": shadow_run.pk, "conductor": shadow.name} if shadow_run else None,
                 },
             )
             transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
+            if shadow_run is not None:
+                transaction.on_commit(lambda: run_enqueue(run_id=shadow_run.pk))
     except IntegrityError:
         if key is None:
             raise

@@ -121,10 +121,12 @@ def database_url() -> str:
 
 
 def clear_queues() -> None:
+    from django.conf import settings
+
     from conductor_web.celery import app
 
     with app.connection_for_write() as conn:
-        for queue in (app.conf.task_default_queue,):
+        for queue in (app.conf.task_default_queue, settings.CONDUCTOR_QUEUE_PREFIX + "training"):
             with contextlib.suppress(Exception):  # the queue may not exist yet
                 conn.default_channel.queue_purge(queue)
 
@@ -132,12 +134,12 @@ def clear_queues() -> None:
 class WorkerProcess:
     """A real `celery worker` process against the test database and broker."""
 
-    def __init__(self, name: str, env: dict[str, str]):
+    def __init__(self, name: str, env: dict[str, str], queues: tuple[str, ...] = ("runs",)):
         self.name = name
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
-            worker_command(concurrency=1, hostname=f"{name}@%h", quiet=True),
+            worker_command(concurrency=1, hostname=f"{name}@%h", quiet=True, queues=queues),
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -183,8 +185,8 @@ def celery_workers(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
         "PYTHONUNBUFFERED": "1",
     }
 
-    def start(name: str = "w1", **extra_env: str) -> WorkerProcess:
-        worker = WorkerProcess(name, {**env, **extra_env})
+    def start(name: str = "w1", queues: tuple[str, ...] = ("runs",), **extra_env: str) -> WorkerProcess:
+        worker = WorkerProcess(name, {**env, **extra_env}, queues)
         started.append(worker)
         worker.wait_ready()
         return worker

@@ -53,6 +53,8 @@ class OpenAIServer:
         self.served: dict[str, int] = {}
         self.requests: list[Recorded] = []
         self.lock = threading.Lock()
+        self.lora_status = 200  # what POST /v1/load_lora_adapter answers
+        self.loaded_adapters: dict[str, str] = {}
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -76,6 +78,13 @@ class OpenAIServer:
                 record = Recorded(model=body.get("model", ""), body=body, started=time.monotonic())
                 with server.lock:
                     server.requests.append(record)
+                if self.path.rstrip("/").endswith("/load_lora_adapter"):  # vLLM's runtime LoRA loading
+                    status = server.lora_status
+                    record.status, record.finished = status, time.monotonic()
+                    if status == 200:
+                        server.loaded_adapters[body.get("lora_name", "")] = body.get("lora_path", "")
+                    self._send_bytes(status, b"Success" if status == 200 else b"adapter not found")
+                    return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": "unknown path"}})
                     return

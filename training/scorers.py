@@ -132,14 +132,42 @@ def math(answer: str, reference: str) -> float:
     return 0.0
 
 
+MAX_PATTERN_CHARS = 1000
+
+
+def check_pattern(reference: str) -> re.Pattern[str]:
+    """A regex reference, compiled; ValueError with the reason when it is not a usable pattern."""
+    if len(reference) > MAX_PATTERN_CHARS:
+        raise ValueError(
+            f"the reference pattern has {len(reference)} characters; at most {MAX_PATTERN_CHARS}"
+        )
+    try:
+        return re.compile(reference, re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"the reference is not a valid regular expression: {exc}") from exc
+
+
+def regex(answer: str, reference: str) -> float:
+    """The reference is a regular expression the whole extracted answer must match (case-insensitive)."""
+    try:
+        pattern = check_pattern(reference)
+    except ValueError:
+        return 0.0
+    return 1.0 if pattern.fullmatch(answer.strip()) else 0.0
+
+
 SCORERS: dict[str, Callable[[str, str], float]] = {
     "numeric": numeric,
     "exact": exact,
     "literal": literal,
     "math": math,
+    "regex": regex,
 }
+# "judge" asks a worker model whether the answer matches the reference (training.judge); the engine
+# calls it, since it is a provider call with a vendor, a cost and an audit record of its own.
+JUDGE = "judge"
 DOMAIN_SCORERS = {"gsm8k": "numeric", "math-l5": "math", "cruxeval-o": "literal"}
-SCORER_CHOICES = ["auto", *SCORERS]
+SCORER_CHOICES = ["auto", *SCORERS, JUDGE]
 
 
 def scorer_name(scorer: str, domain: str) -> str:

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand
 from django.db.models import Avg, Count, Sum
 
 from conductor_web.celery import worker_command
-from routing.models import Run, RunStatus, Step, Task
+from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 
 
 class Command(BaseCommand):
@@ -38,16 +38,18 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         call_command("load_replay_pool", verbosity=0)
+        self._learned_default()
         username, password = self._admin()
         env = {**os.environ, "DATABASE_URL": settings.DATABASE_URL, "REDIS_URL": settings.REDIS_URL}
         log_dir = settings.VAR_DIR / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
         procs = [
+            self._spawn(worker_command(concurrency=o["concurrency"]), env, log_dir / "worker.log"),
+            # Training jobs get a process of their own, so that runs never wait behind one.
             self._spawn(
-                worker_command(concurrency=o["concurrency"])
-                + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE],
+                worker_command(concurrency=1, queues=("training",), hostname="training@%h"),
                 env,
-                log_dir / "worker.log",
+                log_dir / "training-worker.log",
             ),
             self._spawn(
                 [
@@ -114,6 +116,13 @@ class Command(BaseCommand):
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+    def _learned_default(self) -> None:
+        """The learned conductor is the default: trained on the replay pool's train split on first run."""
+        if ConductorVersion.objects.filter(backend=ConductorVersion.Backend.LEARNED).exists():
+            return
+        self.stdout.write("Training the learned conductor on the recorded train split (once)...")
+        call_command("train_conductor", "learned-v1", "--activate", stdout=self.stdout)
 
     def _spawn(self, cmd: list[str], env: dict[str, str], log_path) -> subprocess.Popen:
         log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process

@@ -1,0 +1,185 @@
+"""Rollouts through the engine become a versioned GRPO dataset that `datasets` loads as-is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import datasets
+import pytest
+
+from audit.models import AuditEvent
+from audit.services import Actor
+from routing import engine
+from routing.models import ConductorVersion, Decision, Run, RunStatus, Task
+from routing.services import conductor_active
+from training.models import Dataset, JobStatus, Rollout
+from training.rewards import RewardConfig, group_advantages, reward_of
+from training.services import (
+    TrainingError,
+    dataset_build,
+    dataset_files,
+    rollout_batch_refresh,
+    rollouts_start,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ITEM = "cruxeval-o:crux-test-#1"  # gpt-4o answers it right, gpt-3.5-turbo wrong (recorded outcomes)
+RIGHT, WRONG = "gpt-4o-2024-08-06", "gpt-3.5-turbo-0125"
+ACTOR = Actor.service("test")
+
+
+def plan(worker: str) -> str:
+    task = Task.objects.get(source_item=ITEM, source=Task.Source.TRAINING)
+    return json.dumps(
+        {"thought": "t", "steps": [{"worker": worker.lower(), "instruction": task.text, "access": []}]}
+    )
+
+
+def execute_with_plans(batch, plans: list[str]) -> list[Run]:
+    """Give each sampled run of the batch a known plan, then run it through the engine."""
+    runs = [r.run for r in Rollout.objects.filter(batch=batch).select_related("run").order_by("sample")]
+    for run, text in zip(runs, plans, strict=True):
+        Run.objects.filter(pk=run.pk).update(plan_override=text)
+        engine.execute_run(run.pk)
+    return [Run.objects.get(pk=r.pk) for r in runs]
+
+
+def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantages(
+    replay_pool, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    version = conductor_active()
+    batch = rollouts_start(version=version, items=[ITEM], k=3, temperature=1.0, actor=ACTOR)
+    task = Task.objects.get(source_item=ITEM)
+    assert task.source == Task.Source.TRAINING and task.status == RunStatus.RUNNING
+    runs = execute_with_plans(batch, [plan(RIGHT), plan(WRONG), "not a plan at all"])
+    assert [r.kind for r in runs] == [Run.Kind.ROLLOUT] * 3
+    assert [r.score for r in runs[:2]] == [1.0, 0.0] and runs[2].stop_reason == "invalid_plan"
+    assert Decision.objects.get(run=runs[0]).backend == "given"
+    assert rollout_batch_refresh(batch) == {"runs": 3, "finished": 3, "failed": 1}
+    task.refresh_from_db()
+    assert task.status == RunStatus.SUCCEEDED  # a training item's task settles when its last run ends
+
+    dataset = dataset_build(
+        name="crux",
+        batch_ids=[batch.pk],
+        min_group_size=3,
+        reward_config=RewardConfig(format_term=True),
+        validation_fraction=0.0,
+        actor=ACTOR,
+    )
+    assert dataset.version == 1
+    assert dataset.counts == {"groups": 1, "train": 1, "validation": 0, "completions": 3, "skipped_groups": 0}
+    assert dataset.source_run_ids == sorted(r.pk for r in runs)
+
+    files = dataset_files(dataset)
+    loaded = datasets.load_dataset("parquet", data_files={"train": str(files["train.parquet"])})["train"]
+    row = loaded[0]
+    assert row["item"] == ITEM and row["reference"] == task.reference
+    assert row["prompt"][0]["role"] == "system" and task.text in row["prompt"][-1]["content"]
+    assert row["completions"] == [plan(RIGHT), plan(WRONG), "not a plan at all"]
+    # the paper's format term: 1 right, 0.5 parsed but wrong, 0 unparseable; advantages centred per group
+    assert row["rewards"] == [1.0, 0.5, 0.0]
+    assert row["advantages"] == [0.5, 0.0, -0.5]
+    assert row["parsed"] == [True, True, False]
+    as_json = datasets.load_dataset("json", data_files={"train": str(files["train.jsonl"])})["train"]
+    assert as_json[0]["rewards"] == row["rewards"] and as_json.column_names == loaded.column_names
+
+    manifest = json.loads(files["manifest.json"].read_text())
+    digest = hashlib.sha256(
+        files["train.jsonl"].read_bytes() + files["validation.jsonl"].read_bytes()
+    ).hexdigest()
+    assert manifest["content_hash"]["value"] == digest == dataset.content_hash
+    assert manifest["source_run_ids"] == dataset.source_run_ids and manifest["filter"]["batch_ids"] == [
+        batch.pk
+    ]
+    event = AuditEvent.objects.get(action="dataset.built", object_id=str(dataset.pk))
+    assert event.payload["content_hash"] == digest and event.payload["counts"]["completions"] == 3
+    assert AuditEvent.objects.filter(action="rollouts.started", object_id=str(batch.pk)).exists()
+
+    # a cost penalty changes the rewards; the name gets a new version, the first stays as it was
+    again = dataset_build(
+        name="crux",
+        batch_ids=[batch.pk],
+        reward_config=RewardConfig(cost_penalty_per_usd=1000.0),
+        validation_fraction=0.0,
+        actor=ACTOR,
+    )
+    assert again.version == 2 and again.content_hash != dataset.content_hash
+    rewards = json.loads(dataset_files(again)["train.jsonl"].read_text())["rewards"]
+    assert rewards[0] == pytest.approx(1.0 - 1000.0 * float(runs[0].cost_usd))
+    assert rewards[0] < 1.0 and rewards[2] == 0.0  # the invalid plan made no worker call
+    assert (
+        dataset_files(dataset)["train.jsonl"].read_text() != dataset_files(again)["train.jsonl"].read_text()
+    )
+
+
+def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_refused(
+    replay_pool, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    batch = rollouts_start(version=conductor_active(), items=[ITEM], k=2, temperature=0.7, actor=ACTOR)
+    execute_with_plans(batch, [plan(RIGHT), plan(RIGHT)])
+    with pytest.raises(TrainingError, match="no group of at least 3"):
+        dataset_build(name="small", batch_ids=[batch.pk], min_group_size=3, actor=ACTOR)
+    assert not Dataset.objects.exists()
+    built = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
+    assert built.counts["groups"] == 1
+
+
+def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):
+    version = conductor_active()
+    for kwargs, message in (
+        ({"items": ["no-such-item"], "k": 2, "temperature": 1.0}, "unknown items"),
+        ({"items": [], "k": 2, "temperature": 1.0}, "at least one item"),
+        ({"items": [ITEM], "k": 0, "temperature": 1.0}, "K must be"),
+        ({"items": [ITEM], "k": 2, "temperature": 0.0}, "temperature"),
+    ):
+        with pytest.raises(TrainingError, match=message):
+            rollouts_start(version=version, actor=ACTOR, **kwargs)
+    assert not Run.objects.filter(kind=Run.Kind.ROLLOUT).exists()
+
+
+def test_rollout_runs_sample_at_the_batch_temperature(replay_pool, tmp_path):
+    from training.policy import Policy, Workflow
+
+    path = tmp_path / "policy.json"
+    path.write_text(Policy.new([Workflow("single", (RIGHT,)), Workflow("single", (WRONG,))]).to_json())
+    version = ConductorVersion.objects.create(
+        name="sampler", backend="learned", config={"policy_path": str(path)}
+    )
+    batch = rollouts_start(version=version, items=[ITEM], k=12, temperature=1.0, actor=ACTOR)
+    for rollout in Rollout.objects.filter(batch=batch):
+        assert rollout.run.temperature == 1.0
+        engine.execute_run(rollout.run_id)
+    chosen = {
+        json.loads(d.raw_output)["steps"][0]["worker"]
+        for d in Decision.objects.filter(run__rollout__batch=batch, depth=0)
+    }
+    # uniform weights: twelve samples at temperature 1 name both workers (a greedy plan would name one)
+    assert chosen == {RIGHT.lower(), WRONG.lower()}
+    assert batch.status == JobStatus.RUNNING and rollout_batch_refresh(batch)["finished"] == 12
+
+
+def test_reward_settings():
+    config = RewardConfig.from_dict({"correctness": "2", "cost_penalty_per_usd": 10, "format_term": "true"})
+    assert config == RewardConfig(correctness=2.0, cost_penalty_per_usd=10.0, format_term=True)
+    for bad, message in (
+        ({"bonus": 1}, "unknown reward settings"),
+        ({"correctness": -1}, "must not be negative"),
+        ({"cost_penalty_per_usd": "nan"}, "finite"),
+        ({"format_term": "maybe"}, "true or false"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            RewardConfig.from_dict(bad)
+    from decimal import Decimal
+
+    plain = RewardConfig(cost_penalty_per_usd=100.0)
+    assert reward_of(
+        parsed=True, correct=1.0, cost_usd=Decimal("0.002"), config=plain
+    ).reward == pytest.approx(0.8)
+    assert reward_of(parsed=False, correct=None, cost_usd=Decimal("0"), config=plain).reward == 0.0
+    assert group_advantages([1.0, 0.0]) == [0.5, -0.5]
+    assert group_advantages([1.0, 0.0], scale=True) == pytest.approx([1.0, -1.0], abs=1e-3)

@@ -1,0 +1,747 @@
+"""Writes for training: rollouts, datasets, jobs, evaluations, promotion, rollback and shadow mode.
+
+Each write is one transaction with its audit event; work that takes time (runs, training) is queued
+on commit. Bad input raises TrainingError with a message meant for the person who gave it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.services import Actor, event_record
+from routing import replay
+from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus, Task
+from routing.services import conductor_activate, run_enqueue
+
+from .models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
+from .rewards import RewardConfig, group_advantages, run_reward
+
+MAX_ITEMS = 5000
+MAX_K = 64
+FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+class TrainingError(ValueError):
+    """The request cannot be carried out; the message says why."""
+
+
+# --- items --------------------------------------------------------------------------------------
+
+
+def replay_item_ids(split: str, limit: int | None = None, domain: str = "") -> list[str]:
+    """Recorded items of a split, in a fixed shuffled order (domains mixed), optionally of one domain."""
+    try:
+        items = replay.read_items(replay.split_path(split))
+    except replay.ReplayDataError as exc:
+        raise TrainingError(str(exc)) from exc
+    ids = [item.id for item in items if not domain or item.domain == domain]
+    random.Random(0).shuffle(ids)
+    return ids[:limit] if limit else ids
+
+
+def _replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
+    if not item_ids:
+        raise TrainingError("choose at least one item")
+    if len(item_ids) > MAX_ITEMS:
+        raise TrainingError(f"{len(item_ids)} items; at most {MAX_ITEMS} at once")
+    found, missing = [], []
+    for item_id in dict.fromkeys(item_ids):
+        try:
+            item = replay.find_item(item_id=item_id, texts=[])
+        except replay.ReplayDataError as exc:
+            raise TrainingError(str(exc)) from exc
+        (found if item is not None and item.id == item_id else missing).append(item or item_id)
+    if missing:
+        raise TrainingError(f"unknown items: {', '.join(map(str, missing[:5]))}")
+    return found
+
+
+def _training_task(item: replay.ReplayItem, actor: Actor) -> Task:
+    """The task that stands for a recorded item in rollouts and evaluations (one per item)."""
+    task, created = Task.objects.get_or_create(
+        idempotency_key=f"training:{item.id}",
+        defaults={
+            "text": item.task,
+            "reference": item.reference,
+            "domain": item.domain,
+            "source_item": item.id,
+            "classification": DataClass.PUBLIC,
+            "source": Task.Source.TRAINING,
+            "max_steps": settings.CONDUCTOR_DEFAULT_MAX_STEPS,
+            "max_depth": settings.CONDUCTOR_DEFAULT_MAX_DEPTH,
+            "max_usd": settings.CONDUCTOR_DEFAULT_MAX_USD,
+            "status": RunStatus.RUNNING,
+        },
+    )
+    if created:
+        event_record(
+            actor=actor,
+            action="task.submitted",
+            obj=task,
+            task_id=task.id,
+            payload={"source": Task.Source.TRAINING, "item": item.id, "classification": task.classification},
+        )
+    else:
+        Task.objects.filter(pk=task.pk).update(status=RunStatus.RUNNING, finished_at=None)
+    return task
+
+
+def _offline_run(task: Task, version: ConductorVersion, kind: str, **fields: Any) -> Run:
+    run = Run.objects.create(task=task, conductor_version=version, kind=kind, **fields)
+    transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
+    return run
+
+
+# --- rollouts -----------------------------------------------------------------------------------
+
+
+def rollouts_start(
+    *, version: ConductorVersion, items: list[str], k: int, temperature: float, actor: Actor, user: Any = None
+) -> RolloutBatch:
+    """Sample K workflows per item from `version` at `temperature`; each runs through the engine."""
+    if not 1 <= k <= MAX_K:
+        raise TrainingError(f"K must be between 1 and {MAX_K}")
+    if not 0 < temperature <= 5:
+        raise TrainingError("the temperature must be above 0 and at most 5")
+    found = _replay_items(items)
+    with transaction.atomic():
+        batch = RolloutBatch.objects.create(
+            conductor_version=version,
+            k=k,
+            temperature=temperature,
+            items=[i.id for i in found],
+            status=JobStatus.RUNNING,
+            created_by=_user(user),
+        )
+        for item in found:
+            task = _training_task(item, actor)
+            for sample in range(k):
+                run = _offline_run(task, version, Run.Kind.ROLLOUT, temperature=temperature)
+                Rollout.objects.create(batch=batch, task=task, run=run, item=item.id, sample=sample)
+        event_record(
+            actor=actor,
+            action="rollouts.started",
+            obj=batch,
+            payload={
+                "conductor": version.name,
+                "k": k,
+                "temperature": temperature,
+                "items": len(found),
+                "runs": len(found) * k,
+            },
+        )
+    return batch
+
+
+def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
+    """Counts of the batch's runs; marks the batch finished (audited) once every run has ended."""
+    runs = Run.objects.filter(rollout__batch=batch)
+    counts = {
+        "runs": runs.count(),
+        "finished": runs.filter(status__in=FINISHED_RUN).count(),
+        "failed": runs.filter(status=RunStatus.FAILED).count(),
+    }
+    if batch.status == JobStatus.RUNNING and counts["finished"] == counts["runs"]:
+        with transaction.atomic():
+            updated = RolloutBatch.objects.filter(pk=batch.pk, status=JobStatus.RUNNING).update(
+                status=JobStatus.SUCCEEDED
+            )
+            if updated:
+                event_record(
+                    actor=Actor.service("training"), action="rollouts.finished", obj=batch, payload=counts
+                )
+        batch.status = JobStatus.SUCCEEDED
+    return counts
+
+
+# --- datasets -----------------------------------------------------------------------------------
+
+
+def conductor_prompt(task: Task) -> list[dict[str, str]]:
+    """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt)."""
+    from audit import policies
+    from routing.conductors import LLMConductor, PlanRequest, WorkerCard
+    from routing.models import Worker
+    from routing.plans import MAX_STEPS
+
+    workers, _ = policies.screen(
+        list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification
+    )
+    request = PlanRequest(
+        task_text=task.text,
+        domain=task.domain,
+        workers=[WorkerCard.of(w) for w in workers],
+        max_steps=min(MAX_STEPS, task.max_steps),
+        may_recurse=task.max_depth > 0,
+    )
+    if not workers:
+        raise TrainingError(f"no enabled worker may receive {task.classification} data: no prompt to write")
+    return LLMConductor({"model": "conductor"}).messages(request)
+
+
+def _split_of(item: str, validation_fraction: float) -> str:
+    bucket = int(hashlib.sha256(item.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "validation" if bucket < validation_fraction else "train"
+
+
+@dataclass(frozen=True)
+class DatasetFilter:
+    batch_ids: list[int] | None = None
+    conductor_version: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    items: list[str] | None = None
+    min_group_size: int = 2
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_ids": self.batch_ids,
+            "conductor_version": self.conductor_version,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
+            "items": self.items,
+            "min_group_size": self.min_group_size,
+        }
+
+
+def dataset_build(
+    *,
+    name: str,
+    batch_ids: list[int] | None = None,
+    conductor_version: ConductorVersion | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    items: list[str] | None = None,
+    min_group_size: int = 2,
+    reward_config: RewardConfig | None = None,
+    validation_fraction: float = 0.1,
+    actor: Actor,
+    user: Any = None,
+) -> Dataset:
+    """A new version of dataset `name` from the finished rollouts that match the filter.
+
+    One row per group (an item): the conductor's prompt (TRL's `prompt` column, conversational), the
+    group's completions (the plans as written), their rewards and group-relative advantages, and what
+    the reward functions need (item, reference, domain, scorer). Files: train/validation as Parquet and
+    JSON Lines, and manifest.json (filter, counts, content hash, source run ids).
+    """
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise TrainingError("a dataset name is letters, digits, '-' and '_'")
+    if min_group_size < 1:
+        raise TrainingError("the minimum group size is at least 1")
+    if not 0 <= validation_fraction < 1:
+        raise TrainingError("the validation fraction is between 0 and 1")
+    if since and until and since >= until:
+        raise TrainingError("the period is empty: 'since' is not before 'until'")
+    reward_config = reward_config or RewardConfig()
+    selection = DatasetFilter(
+        batch_ids=batch_ids,
+        conductor_version=conductor_version.name if conductor_version else None,
+        since=since,
+        until=until,
+        items=items,
+        min_group_size=min_group_size,
+    )
+    rollouts = Rollout.objects.filter(run__status__in=FINISHED_RUN).select_related("run", "task")
+    if batch_ids:
+        rollouts = rollouts.filter(batch_id__in=batch_ids)
+    if conductor_version is not None:
+        rollouts = rollouts.filter(run__conductor_version=conductor_version)
+    if since:
+        rollouts = rollouts.filter(run__created_at__gte=since)
+    if until:
+        rollouts = rollouts.filter(run__created_at__lt=until)
+    if items:
+        rollouts = rollouts.filter(item__in=items)
+    groups: dict[str, list[Rollout]] = {}
+    for rollout in rollouts.order_by("item", "run_id"):
+        groups.setdefault(rollout.item, []).append(rollout)
+    kept = {item: members for item, members in groups.items() if len(members) >= min_group_size}
+    if not kept:
+        raise TrainingError(
+            f"no group of at least {min_group_size} finished rollouts matches the filter "
+            f"({len(groups)} smaller groups)"
+        )
+    root_outputs = _root_outputs([r.run_id for members in kept.values() for r in members])
+    rows: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
+    prompts: dict[Any, list[dict[str, str]]] = {}
+    run_ids: list[int] = []
+    for item, members in sorted(kept.items()):
+        task = members[0].task
+        if task.pk not in prompts:
+            prompts[task.pk] = conductor_prompt(task)
+        rewards = [run_reward(r.run, reward_config) for r in members]
+        values = [r.reward for r in rewards]
+        run_ids += [r.run_id for r in members]
+        rows[_split_of(item, validation_fraction)].append(
+            {
+                "prompt": prompts[task.pk],
+                "item": item,
+                "task_id": str(task.pk),
+                "domain": task.domain,
+                "reference": task.reference,
+                "scorer": task.scorer,
+                "completions": [root_outputs.get(r.run_id, "") for r in members],
+                "rewards": values,
+                "advantages": group_advantages(values),
+                "scores": [r.correct for r in rewards],
+                "parsed": [r.parsed for r in rewards],
+                "costs_usd": [str(r.cost_usd) for r in rewards],
+                "run_ids": [r.run_id for r in members],
+            }
+        )
+    if validation_fraction > 0 and not rows["validation"] and len(rows["train"]) > 1:
+        rows["validation"].append(rows["train"].pop())  # a split with a validation part has one
+    with transaction.atomic():
+        version = (
+            Dataset.objects.select_for_update().filter(name=name).aggregate(v=Max("version"))["v"] or 0
+        ) + 1
+        relative = Path("datasets") / name / f"v{version}"
+        directory = settings.VAR_DIR / relative
+        counts = {
+            "groups": len(kept),
+            "train": len(rows["train"]),
+            "validation": len(rows["validation"]),
+            "completions": len(run_ids),
+            "skipped_groups": len(groups) - len(kept),
+        }
+        try:
+            content_hash = _write_files(directory, rows)
+            dataset = Dataset.objects.create(
+                name=name,
+                version=version,
+                filter=selection.as_dict(),
+                reward_config=reward_config.as_dict(),
+                counts=counts,
+                content_hash=content_hash,
+                source_run_ids=sorted(run_ids),
+                path=str(relative),
+                created_by=_user(user),
+            )
+            (directory / "manifest.json").write_text(json.dumps(_manifest(dataset), indent=2, default=str))
+            event_record(
+                actor=actor,
+                action="dataset.built",
+                obj=dataset,
+                payload={
+                    "name": name,
+                    "version": version,
+                    "filter": selection.as_dict(),
+                    "reward_config": reward_config.as_dict(),
+                    "counts": counts,
+                    "content_hash": content_hash,
+                    "source_runs": len(run_ids),
+                },
+            )
+        except (IntegrityError, OSError):
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+    return dataset
+
+
+def _root_outputs(run_ids: list[int]) -> dict[int, str]:
+    """The top-level plan text each run's conductor wrote (its last try)."""
+    outputs: dict[int, str] = {}
+    for run_id, raw in (
+        Decision.objects.filter(run_id__in=run_ids, depth=0)
+        .order_by("run_id", "attempt", "id")
+        .values_list("run_id", "raw_output")
+    ):
+        outputs[run_id] = raw
+    return outputs
+
+
+def _write_files(directory: Path, rows: dict[str, list[dict[str, Any]]]) -> str:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - the train extra is part of every install that trains
+        raise TrainingError("writing Parquet needs pyarrow: install the 'train' extra") from exc
+    directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    schema = pa.Table.from_pylist(rows["train"] or rows["validation"]).schema
+    for split in ("train", "validation"):
+        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows[split])
+        data = lines.encode()
+        digest.update(data)
+        (directory / f"{split}.jsonl").write_bytes(data)
+        pq.write_table(pa.Table.from_pylist(rows[split], schema=schema), directory / f"{split}.parquet")
+    return digest.hexdigest()
+
+
+def _manifest(dataset: Dataset) -> dict[str, Any]:
+    return {
+        "name": dataset.name,
+        "version": dataset.version,
+        "created_at": dataset.created_at.isoformat(),
+        "filter": dataset.filter,
+        "reward_config": dataset.reward_config,
+        "counts": dataset.counts,
+        "content_hash": {
+            "algorithm": "sha256",
+            "over": ["train.jsonl", "validation.jsonl"],
+            "value": dataset.content_hash,
+        },
+        "source_run_ids": dataset.source_run_ids,
+        "files": sorted(DATASET_FILES),
+        "format": "TRL conversational: 'prompt' is a list of messages; the other columns reach reward functions",
+    }
+
+
+DATASET_FILES = ("train.parquet", "validation.parquet", "train.jsonl", "validation.jsonl", "manifest.json")
+
+
+def dataset_files(dataset: Dataset) -> dict[str, Path]:
+    directory = settings.VAR_DIR / dataset.path
+    return {name: directory / name for name in DATASET_FILES if (directory / name).exists()}
+
+
+# --- training jobs ------------------------------------------------------------------------------
+
+LEARNED_DEFAULTS = {
+    "split": "train",
+    "limit": None,
+    "epochs": 40,
+    "learning_rate": 3.0,
+    "group_size": 16,
+    "cost_penalty_per_usd": 20.0,
+}
+LORA_DEFAULTS = {
+    "base_model_path": "",
+    "max_steps": 20,
+    "num_generations": 4,
+    "learning_rate": 1e-4,
+    "lora_r": 8,
+    "max_completion_length": 256,
+    "cost_penalty_per_usd": 0.0,
+    "format_term": True,
+}
+
+
+def _number(options: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
+    try:
+        value = kind(options[key])
+    except (TypeError, ValueError) as exc:
+        raise TrainingError(f"{key} must be a number") from exc
+    if not low <= value <= high:
+        raise TrainingError(f"{key} must be between {low} and {high}")
+    return value
+
+
+def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) -> dict[str, Any]:
+    """The backend's settings, defaults filled in and every value checked."""
+    if backend == TrainingJob.Backend.LEARNED:
+        merged = {**LEARNED_DEFAULTS, **{k: v for k, v in options.items() if v not in (None, "")}}
+        unknown = set(merged) - set(LEARNED_DEFAULTS)
+        if unknown:
+            raise TrainingError(f"unknown settings for the learned backend: {sorted(unknown)}")
+        merged["epochs"] = _number(merged, "epochs", int, 1, 500)
+        merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-6, 100)
+        merged["group_size"] = _number(merged, "group_size", int, 2, 64)
+        merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
+        if merged["limit"] is not None:
+            merged["limit"] = _number(merged, "limit", int, 1, 1_000_000)
+        if dataset is None:
+            replay_item_ids(merged["split"], 1)  # the split must exist
+        return merged
+    if backend == TrainingJob.Backend.LLM_LORA:
+        merged = {**LORA_DEFAULTS, **{k: v for k, v in options.items() if v not in (None, "")}}
+        unknown = set(merged) - set(LORA_DEFAULTS)
+        if unknown:
+            raise TrainingError(f"unknown settings for the llm-lora backend: {sorted(unknown)}")
+        if dataset is None:
+            raise TrainingError("the llm-lora backend trains on a dataset: choose one")
+        base = Path(str(merged["base_model_path"] or settings.VAR_DIR / "models" / "tiny-qwen2"))
+        if not (base / "config.json").exists():
+            raise TrainingError(f"no model at {base} (a directory with config.json, from save_pretrained)")
+        merged["base_model_path"] = str(base)
+        merged["max_steps"] = _number(merged, "max_steps", int, 1, 100_000)
+        merged["num_generations"] = _number(merged, "num_generations", int, 2, 64)
+        merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-8, 1)
+        merged["lora_r"] = _number(merged, "lora_r", int, 1, 256)
+        merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)
+        merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
+        merged["format_term"] = bool(merged["format_term"])
+        return merged
+    raise TrainingError(f"unknown backend {backend!r}")
+
+
+def job_start(
+    *,
+    name: str,
+    backend: str,
+    dataset: Dataset | None,
+    options: dict[str, Any],
+    actor: Actor,
+    user: Any = None,
+) -> TrainingJob:
+    if not name or not all(c.isalnum() or c in "-_" for c in name) or len(name) > 80:
+        raise TrainingError("a candidate name is letters, digits, '-' and '_' (at most 80)")
+    if ConductorVersion.objects.filter(name=name).exists() or TrainingJob.objects.filter(name=name).exists():
+        raise TrainingError(f"the name {name!r} is taken; choose another")
+    checked = job_options(backend, options, dataset)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(
+            name=name, backend=backend, dataset=dataset, options=checked, created_by=_user(user)
+        )
+        event_record(
+            actor=actor,
+            action="training.job_started",
+            obj=job,
+            payload={
+                "name": name,
+                "backend": backend,
+                "dataset": str(dataset) if dataset else None,
+                "options": checked,
+            },
+        )
+        transaction.on_commit(lambda: _queue_job(job.pk))
+    return job
+
+
+def _queue_job(job_id: int) -> None:
+    from .tasks import train_job
+
+    result = train_job.delay(job_id)
+    TrainingJob.objects.filter(pk=job_id).update(celery_task_id=result.id or "")
+
+
+def job_cancel(*, job: TrainingJob, actor: Actor) -> TrainingJob:
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if job.finished:
+            raise TrainingError(f"the job has already {job.status}")
+        job.cancel_requested = True
+        fields = ["cancel_requested"]
+        if job.status == JobStatus.QUEUED:  # never started: nothing to stop
+            job.status, job.finished_at = JobStatus.CANCELLED, timezone.now()
+            fields += ["status", "finished_at"]
+        job.save(update_fields=fields)
+        event_record(
+            actor=actor, action="training.job_cancel_requested", obj=job, payload={"status": job.status}
+        )
+    return job
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+def evaluation_start(
+    *,
+    candidate: ConductorVersion,
+    baseline: ConductorVersion | None = None,
+    split: str = "dev",
+    limit: int = 100,
+    actor: Actor,
+    user: Any = None,
+) -> Evaluation:
+    """Run the candidate and the baseline (the active version by default) on the same held-out items."""
+    from routing.services import conductor_active
+
+    baseline = baseline or conductor_active()
+    if baseline.pk == candidate.pk:
+        raise TrainingError(f"{candidate.name} is the baseline itself; choose another candidate")
+    if not 1 <= limit <= MAX_ITEMS:
+        raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
+    found = _replay_items(replay_item_ids(split, limit))
+    with transaction.atomic():
+        evaluation = Evaluation.objects.create(
+            candidate=candidate,
+            baseline=baseline,
+            split=split,
+            limit=limit,
+            items=[i.id for i in found],
+            status=JobStatus.RUNNING,
+            created_by=_user(user),
+        )
+        for item in found:
+            task = _training_task(item, actor)
+            for side, version in (("candidate", candidate), ("baseline", baseline)):
+                run = _offline_run(task, version, Run.Kind.EVALUATION)
+                EvaluationRun.objects.create(evaluation=evaluation, run=run, side=side, item=item.id)
+        event_record(
+            actor=actor,
+            action="evaluation.started",
+            obj=evaluation,
+            payload={
+                "candidate": candidate.name,
+                "baseline": baseline.name,
+                "split": split,
+                "items": len(found),
+            },
+        )
+    return evaluation
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = 0.95 * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return round(ordered[low] + (ordered[high] - ordered[low]) * (position - low), 1)
+
+
+def evaluation_summary(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
+    """Per side: accuracy (a failed run counts as wrong), USD per 1,000 tasks, p95 plan latency."""
+    results: dict[str, dict[str, Any]] = {}
+    links = EvaluationRun.objects.filter(evaluation=evaluation).select_related("run")
+    plan_ms: dict[int, float] = {}
+    for run_id, latency in Decision.objects.filter(
+        run__evaluation_run__evaluation=evaluation, depth=0
+    ).values_list("run_id", "latency_ms"):
+        plan_ms[run_id] = plan_ms.get(run_id, 0) + latency
+    for side, version in (("candidate", evaluation.candidate), ("baseline", evaluation.baseline)):
+        runs = [link.run for link in links if link.side == side]
+        finished = [r for r in runs if r.status in FINISHED_RUN]
+        cost = sum((r.cost_usd for r in finished), Decimal("0"))
+        results[side] = {
+            "version": version.name,
+            "n": len(runs),
+            "finished": len(finished),
+            "failed": sum(r.status == RunStatus.FAILED for r in finished),
+            "accuracy": round(sum(r.score or 0.0 for r in finished) / len(finished), 4) if finished else None,
+            "usd_per_1000": str((cost / len(finished) * 1000).quantize(Decimal("0.0001")))
+            if finished
+            else None,
+            "p95_plan_ms": _p95([plan_ms[r.pk] for r in finished if r.pk in plan_ms]),
+        }
+    return results
+
+
+def evaluation_refresh(evaluation: Evaluation) -> Evaluation:
+    """Recompute the results; the first time every run has ended, the evaluation finishes (audited)."""
+    results = evaluation_summary(evaluation)
+    done = all(side["finished"] == side["n"] for side in results.values())
+    with transaction.atomic():
+        locked = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
+        locked.results = results
+        fields = ["results"]
+        if done and locked.status == JobStatus.RUNNING:
+            locked.status, locked.finished_at = JobStatus.SUCCEEDED, timezone.now()
+            fields += ["status", "finished_at"]
+            event_record(
+                actor=Actor.service("training"), action="evaluation.finished", obj=locked, payload=results
+            )
+        locked.save(update_fields=fields)
+    return locked
+
+
+# --- promotion, rollback, shadow ----------------------------------------------------------------
+
+
+def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
+    """For an LLM conductor with an adapter: load it into the vLLM server (POST /v1/load_lora_adapter)."""
+    import httpx
+
+    config = version.config
+    if version.backend != ConductorVersion.Backend.LLM or not config.get("lora_path"):
+        return None
+    base = str(config.get("api_base") or "").rstrip("/")
+    if not base:
+        raise TrainingError(f"{version.name} has a LoRA adapter but no api_base to load it into")
+    url = (base if base.endswith("/v1") else base + "/v1") + "/load_lora_adapter"
+    body = {"lora_name": config.get("lora_name") or version.name, "lora_path": config["lora_path"]}
+    try:
+        response = httpx.post(url, json=body, timeout=settings.CONDUCTOR_PROVIDER_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise TrainingError(f"could not reach the vLLM server at {url}: {exc}") from exc
+    if response.status_code >= 400 and "already been loaded" not in response.text:
+        raise TrainingError(f"vLLM refused the adapter ({response.status_code}): {response.text[:300]}")
+    return {"url": url, **body, "status": response.status_code}
+
+
+def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
+    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any)."""
+    if version.is_active:
+        raise TrainingError(f"{version.name} is already the active conductor")
+    try:
+        loaded = _lora_load(version)
+    except TrainingError as exc:
+        with transaction.atomic():
+            event_record(
+                actor=actor, action="conductor.promotion_failed", obj=version, payload={"error": str(exc)}
+            )
+        raise
+    with transaction.atomic():
+        previous = ConductorVersion.objects.filter(is_active=True).first()
+        ConductorVersion.objects.filter(pk=version.pk).update(is_shadow=False)
+        event_record(
+            actor=actor,
+            action="conductor.promoted",
+            obj=version,
+            payload={
+                "name": version.name,
+                "previous": previous.name if previous else None,
+                "adapter": loaded,
+            },
+        )
+        return conductor_activate(version=version, actor=actor)
+
+
+def conductor_rollback(*, actor: Actor) -> ConductorVersion:
+    """Re-activate the version that was active before the current one (read from the audit record)."""
+    current = ConductorVersion.objects.filter(is_active=True).first()
+    if current is None:
+        raise TrainingError("no conductor is active: nothing to roll back")
+    last = (
+        AuditEvent.objects.filter(
+            action="conductor.activated", object_type="conductorversion", object_id=str(current.pk)
+        )
+        .order_by("-id")
+        .first()
+    )
+    previous_name = (last.payload or {}).get("previous") if last else None
+    previous = ConductorVersion.objects.filter(name=previous_name).first() if previous_name else None
+    if previous is None:
+        raise TrainingError(f"no earlier conductor to roll back to from {current.name}")
+    with transaction.atomic():
+        ConductorVersion.objects.filter(pk=previous.pk).update(is_shadow=False)
+        event_record(
+            actor=actor,
+            action="conductor.rolled_back",
+            obj=previous,
+            payload={"from": current.name, "to": previous.name},
+        )
+        return conductor_activate(version=previous, actor=actor)
+
+
+def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
+    """`version` plans every new live task alongside the active one, without affecting it; None: stop."""
+    if version is not None and version.is_active:
+        raise TrainingError(f"{version.name} is the active conductor; shadow a candidate instead")
+    with transaction.atomic():
+        previous = ConductorVersion.objects.select_for_update().filter(is_shadow=True).first()
+        if version is None and previous is None:
+            return  # nothing shadows: nothing to clear
+        ConductorVersion.objects.filter(is_shadow=True).update(is_shadow=False)
+        if version is not None:
+            ConductorVersion.objects.filter(pk=version.pk).update(is_shadow=True)
+        event_record(
+            actor=actor,
+            action="conductor.shadow_set" if version else "conductor.shadow_cleared",
+            obj=version or previous,
+            payload={
+                "shadow": version.name if version else None,
+                "previous": previous.name if previous else None,
+            },
+        )
+
+
+def _user(user: Any) -> Any:
+    return user if getattr(user, "is_authenticated", False) else None
