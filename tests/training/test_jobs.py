@@ -1,0 +1,113 @@
+"""Training jobs: queued on the training queue, run by a real Celery worker, cancellable, all audited."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from audit.models import AuditEvent
+from audit.services import Actor
+from routing.models import ConductorVersion
+from tests.conftest import wait_for
+from training.models import JobStatus, TrainingJob, TrainingMetric
+from training.services import TrainingError, job_cancel, job_start
+from training.tasks import train_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ACTOR = Actor.service("test")
+
+
+def job_actions(job: TrainingJob) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(object_type="trainingjob", object_id=str(job.pk))
+        .order_by("id")
+        .values_list("action", flat=True)
+    )
+
+
+@pytest.mark.integration
+def test_a_learned_job_runs_on_the_training_queue_and_registers_a_candidate(
+    replay_pool, celery_workers, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path  # the worker process gets the same directory below
+    celery_workers("trainer", queues=("training",), CONDUCTOR_VAR_DIR=str(tmp_path))
+    job = job_start(
+        name="learned-job", backend="learned", dataset=None, options={"limit": 80, "epochs": 6}, actor=ACTOR
+    )
+    assert job.options["group_size"] == 16 and job.options["split"] == "train"  # defaults filled in
+    wait_for(lambda: TrainingJob.objects.get(pk=job.pk).finished, timeout=120, what="the job to finish")
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, job.error + job.log
+    assert (job.step, job.total_steps, job.progress) == (6, 6, 1.0)
+    points = list(TrainingMetric.objects.filter(job=job).order_by("step"))
+    assert [p.step for p in points] == [1, 2, 3, 4, 5, 6]
+    assert {"reward", "accuracy", "usd_per_1000"} <= set(points[0].values)
+    candidate = job.candidate
+    assert candidate.name == "learned-job" and candidate.backend == ConductorVersion.Backend.LEARNED
+    assert not candidate.is_active  # a candidate plans nothing until promoted
+    assert (tmp_path / job.artifact_path).is_file() and Path(candidate.config["policy_path"]).is_file()
+    assert job_actions(job) == ["training.job_started", "training.job_running", "training.job_succeeded"]
+    assert AuditEvent.objects.filter(
+        action="conductorversion.registered", object_id=str(candidate.pk)
+    ).exists()
+    assert "finished: candidate learned-job" in job.log
+
+
+@pytest.mark.integration
+def test_a_running_job_stops_when_cancelled_and_registers_nothing(
+    replay_pool, celery_workers, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    celery_workers("trainer", queues=("training",), CONDUCTOR_VAR_DIR=str(tmp_path))
+    job = job_start(
+        name="long-job", backend="learned", dataset=None, options={"limit": 300, "epochs": 400}, actor=ACTOR
+    )
+    wait_for(
+        lambda: TrainingJob.objects.get(pk=job.pk).step >= 2, timeout=120, what="the job to make progress"
+    )
+    job_cancel(job=job, actor=ACTOR)
+    wait_for(lambda: TrainingJob.objects.get(pk=job.pk).finished, timeout=60, what="the job to stop")
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED and job.step < 400 and job.candidate is None
+    assert not ConductorVersion.objects.filter(name="long-job").exists()
+    assert job_actions(job)[-2:] == ["training.job_cancel_requested", "training.job_cancelled"]
+    with pytest.raises(TrainingError, match="already cancelled"):
+        job_cancel(job=job, actor=ACTOR)
+
+
+def test_a_job_cancelled_before_it_starts_never_runs(replay_pool):
+    job = job_start(
+        name="never", backend="learned", dataset=None, options={"limit": 10, "epochs": 1}, actor=ACTOR
+    )
+    job_cancel(job=job, actor=ACTOR)
+    train_job(job.pk)  # the queued message arrives after the cancel
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED and job.started_at is None
+    assert not TrainingMetric.objects.filter(job=job).exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"name": "bad name!", "backend": "learned", "options": {}}, "letters, digits"),
+        ({"name": "j", "backend": "nope", "options": {}}, "unknown backend"),
+        ({"name": "j", "backend": "learned", "options": {"epochs": 0}}, "epochs must be between"),
+        ({"name": "j", "backend": "learned", "options": {"epochs": "many"}}, "epochs must be a number"),
+        ({"name": "j", "backend": "learned", "options": {"warp": 9}}, "unknown settings"),
+        ({"name": "j", "backend": "learned", "options": {"split": "nosuch"}}, "no split"),
+        ({"name": "j", "backend": "llm-lora", "options": {}}, "choose one"),
+    ],
+)
+def test_bad_job_settings_are_refused_with_a_reason(replay_pool, kwargs, message):
+    with pytest.raises(TrainingError, match=message):
+        job_start(dataset=None, actor=ACTOR, **kwargs)
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_candidate_name_is_used_once(replay_pool):
+    from routing.services import conductor_active
+
+    conductor_active()  # static-v1
+    with pytest.raises(TrainingError, match="is taken"):
+        job_start(name="static-v1", backend="learned", dataset=None, options={}, actor=ACTOR)

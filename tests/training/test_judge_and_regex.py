@@ -1,0 +1,106 @@
+"""The regex scorer, and the LLM judge: a worker model on a loopback OpenAI-protocol server grades answers."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from audit.models import AuditEvent, PolicyRule
+from routing import engine, replay
+from routing.models import Attempt, DataClass, Decision, Run, Task, Worker
+from routing.services import SubmissionError, TaskSubmission, task_submit
+from tests.openai_server import Reply
+from training.scorers import regex, score
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_regex_scorer_matches_the_whole_extracted_answer():
+    assert regex("42 apples", r"\d+ apples?") == 1.0
+    assert regex("Answer: 42 apples and more", r"\d+ apples?") == 0.0
+    assert regex("anything", "(") == 0.0  # an invalid pattern scores nothing rather than crashing
+    assert score(response='{"answer": "Paris"}', reference="paris|lutetia", scorer="regex") == (1.0, "Paris")
+
+
+def test_a_task_with_an_invalid_regex_reference_is_refused(db):
+    with pytest.raises(SubmissionError, match="not a valid regular expression"):
+        task_submit(
+            submission=TaskSubmission(text="Name a city", reference="([a-z", scorer="regex"),
+            source=Task.Source.CLI,
+        )
+    with pytest.raises(SubmissionError, match="at most 1000"):
+        task_submit(
+            submission=TaskSubmission(text="Name a city", reference="a" * 1001, scorer="regex"),
+            source=Task.Source.CLI,
+        )
+    assert not Task.objects.exists()
+
+
+@pytest.fixture
+def judge_worker(replay_pool, openai_server, settings):
+    settings.CONDUCTOR_JUDGE_WORKER = "grader"
+    Worker.objects.create(
+        slug="grader",
+        display_name="Grader",
+        litellm_model="openai/grader",
+        api_base=openai_server.base_url,
+        vendor="acme",
+        input_usd_per_mtok=Decimal("1"),
+        output_usd_per_mtok=Decimal("2"),
+        price_source=Worker.PriceSource.OVERRIDE,
+    )
+    return openai_server
+
+
+def judged_run(classification: str = DataClass.INTERNAL) -> Run:
+    item = replay.read_items(replay.split_path("dev"))[0]
+    task, _ = task_submit(
+        submission=TaskSubmission(
+            text=item.task,
+            reference=item.reference,
+            domain=item.domain,
+            source_item=item.id,
+            scorer="judge",
+            classification=classification,
+        ),
+        source=Task.Source.CLI,
+    )
+    run = task.runs.get()
+    engine.execute_run(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+@pytest.mark.parametrize("verdict,expected", [("CORRECT", 1.0), ("INCORRECT", 0.0), ("I am not sure", None)])
+def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
+    judge_worker, verdict, expected
+):
+    judge_worker.program("grader", [Reply(verdict, prompt_tokens=300, completion_tokens=2)])
+    run = judged_run()
+    assert run.score == expected
+    (request,) = judge_worker.requests_for("grader")
+    sent = request.user_text
+    assert run.task.reference in sent and run.task.text in sent
+    event = AuditEvent.objects.get(action="score.judged", correlation_id=run.correlation_id)
+    assert event.payload["worker"] == "grader" and event.payload["vendor"] == "acme"
+    judge_cost = Decimal(300) * 1 / 1_000_000 + Decimal(2) * 2 / 1_000_000
+    assert Decimal(event.payload["cost_usd"]) == judge_cost
+    attempts = sum(a.cost_usd for a in Attempt.objects.filter(step__run=run))
+    decisions = sum(d.cost_usd for d in Decision.objects.filter(run=run))
+    assert run.cost_usd == attempts + decisions + judge_cost
+
+
+def test_a_judge_not_cleared_for_the_data_is_not_asked(judge_worker):
+    PolicyRule.objects.create(
+        name="no-acme-confidential",
+        kind=PolicyRule.Kind.VENDOR_BLOCKED,
+        data_classes=[DataClass.CONFIDENTIAL],
+        vendors=["acme"],
+    )
+    judge_worker.program("grader", [Reply("CORRECT")])
+    Worker.objects.update(data_classes=[DataClass.PUBLIC, DataClass.INTERNAL, DataClass.CONFIDENTIAL])
+    run = judged_run(DataClass.CONFIDENTIAL)
+    assert run.score is None and judge_worker.requests_for("grader") == []
+    event = AuditEvent.objects.get(action="score.judged", correlation_id=run.correlation_id)
+    assert "no-acme-confidential" in event.payload["reason"]
