@@ -235,8 +235,9 @@ def dataset_build(
     """A new version of dataset `name` from the finished rollouts that match the filter.
 
     One row per group (an item): the conductor's prompt (TRL's `prompt` column, conversational), the
-    group's completions (the plans as written), their rewards and group-relative advantages, and what
-    the reward functions need (item, reference, domain, scorer). Files: train/validation as Parquet and
+    group's completions (`group_completions`: the plans as written; TRL passes its own `completions` to
+    reward functions), their rewards and group-relative advantages, and what the reward functions need
+    (item, reference, domain, scorer). Files: train/validation as Parquet and
     JSON Lines, and manifest.json (filter, counts, content hash, source run ids).
     """
     if not name or not all(c.isalnum() or c in "-_" for c in name):
@@ -295,7 +296,7 @@ def dataset_build(
                 "domain": task.domain,
                 "reference": task.reference,
                 "scorer": task.scorer,
-                "completions": [root_outputs.get(r.run_id, "") for r in members],
+                "group_completions": [root_outputs.get(r.run_id, "") for r in members],
                 "rewards": values,
                 "advantages": group_advantages(values),
                 "scores": [r.correct for r in rewards],
@@ -424,6 +425,7 @@ LORA_DEFAULTS = {
     "base_model_path": "",
     "max_steps": 20,
     "num_generations": 4,
+    "prompts_per_step": 4,
     "learning_rate": 1e-4,
     "lora_r": 8,
     "max_completion_length": 256,
@@ -471,6 +473,7 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["base_model_path"] = str(base)
         merged["max_steps"] = _number(merged, "max_steps", int, 1, 100_000)
         merged["num_generations"] = _number(merged, "num_generations", int, 2, 64)
+        merged["prompts_per_step"] = _number(merged, "prompts_per_step", int, 1, 1024)
         merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-8, 1)
         merged["lora_r"] = _number(merged, "lora_r", int, 1, 256)
         merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)

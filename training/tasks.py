@@ -183,6 +183,7 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         settings={
             "max_steps": o["max_steps"],
             "num_generations": o["num_generations"],
+            "prompts_per_step": o["prompts_per_step"],
             "learning_rate": o["learning_rate"],
             "lora_r": o["lora_r"],
             "max_completion_length": o["max_completion_length"],

@@ -79,7 +79,7 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     row = loaded[0]
     assert row["item"] == ITEM and row["reference"] == task.reference
     assert row["prompt"][0]["role"] == "system" and task.text in row["prompt"][-1]["content"]
-    assert row["completions"] == [plan(RIGHT), plan(WRONG), "not a plan at all"]
+    assert row["group_completions"] == [plan(RIGHT), plan(WRONG), "not a plan at all"]
     # the paper's format term: 1 right, 0.5 parsed but wrong, 0 unparseable; advantages centred per group
     assert row["rewards"] == [1.0, 0.5, 0.0]
     assert row["advantages"] == [0.5, 0.0, -0.5]
