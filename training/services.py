@@ -367,11 +367,9 @@ def _root_outputs(run_ids: list[int]) -> dict[int, str]:
 
 
 def _write_files(directory: Path, rows: dict[str, list[dict[str, Any]]]) -> str:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - the train extra is part of every install that trains
-        raise TrainingError("writing Parquet needs pyarrow: install the 'train' extra") from exc
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     directory.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     schema = pa.Table.from_pylist(rows["train"] or rows["validation"]).schema
