@@ -1,8 +1,19 @@
 """The learned conductor's policy: text features to a distribution over workflows, trained with GRPO.
 
 Small enough to train and run on a CPU in milliseconds. Actions are workflows in the paper's format:
-one worker, or a cascade through recursion (two cheap workers answer; the conductor, called as the
-third step, passes the answer through when they agree and asks a strong worker when they do not).
+
+- single: one worker answers;
+- cascade: two cheap workers answer; the conductor, called as the third step, passes the answer through
+  when they agree and asks a judge when they do not;
+- vote: like a cascade, but on disagreement the conductor first asks a tie-breaker (a third worker):
+  if its answer agrees with one of the two earlier answers it is the majority answer and passes through
+  (the inner plan's own conductor step does that check), else a judge is asked. A majority vote of
+  three that stops as soon as the outcome is decided, written so the answer passed through is always
+  the last response (the engine passes the last response through).
+
+Answers "agree" when their domain's scorer says each matches the other (numbers compare as numbers,
+Python literals as values), so "18" and "$18.00" agree. simulate() and the live conductor step
+(routing.conductors.LearnedConductor) use the same test.
 
 Training follows GRPO without a KL term: for each item, sample a group of G workflows from the policy,
 score each (correct, minus a cost penalty), and push up the log-probability of each sample in
@@ -17,29 +28,40 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-FEATURES = 4096  # hashed words and word pairs; plus domain and length features below
+FEATURES = 4096  # hashed words and word pairs (v1 and v2)
+CROSSED = 4096  # v2: the same tokens hashed again per domain (domain x word)
 DOMAINS = ["gsm8k", "math-l5", "cruxeval-o"]
 _WORD = re.compile(r"[a-z]+|\d+|[^\sa-z\d]")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+POLICY_FORMAT = 2
 
 
 @dataclass(frozen=True)
 class Workflow:
-    """Single: workers = (w,). Cascade: workers = (a, b, judge)."""
+    """Single: workers = (w,). Cascade: (a, b, judge). Vote: (a, b, tie_breaker, judge)."""
 
-    kind: str  # "single" | "cascade"
+    kind: str  # "single" | "cascade" | "vote"
     workers: tuple[str, ...]
 
     @property
     def name(self) -> str:
         if self.kind == "single":
             return self.workers[0]
+        if self.kind == "vote":
+            a, b, tie, judge = self.workers
+            return f"vote({a}+{b}->{tie}->{judge})"
         a, b, judge = self.workers
         return f"cascade({a}+{b}->{judge})"
+
+    @property
+    def needs_recursion(self) -> bool:
+        return self.kind != "single"
 
     def plan(self, task_text: str) -> dict[str, Any]:
         """The workflow as the conductor writes it (DESIGN.md's format)."""
@@ -48,26 +70,84 @@ class Workflow:
                 "thought": f"one worker: {self.name}",
                 "steps": [{"worker": self.workers[0], "instruction": task_text, "access": []}],
             }
-        a, b, judge = self.workers
+        a, b = self.workers[:2]
+        if self.kind == "vote":
+            thought = f"two cheap answers; on disagreement {self.workers[2]} breaks the tie, {self.workers[3]} judges"
+            instruction = vote_instruction(self.workers[2], self.workers[3])
+        else:
+            thought = f"two cheap answers; escalate to {self.workers[2]} only if they disagree"
+            instruction = cascade_instruction(self.workers[2])
         return {
-            "thought": f"two cheap answers; escalate to {judge} only if they disagree",
+            "thought": thought,
             "steps": [
                 {"worker": a, "instruction": task_text, "access": []},
                 {"worker": b, "instruction": task_text, "access": []},
-                {
-                    "worker": "conductor",
-                    "instruction": f"If the two answers agree, pass them through; otherwise ask {judge}.",
-                    "access": "all",
-                },
+                {"worker": "conductor", "instruction": instruction, "access": "all"},
             ],
         }
 
 
-def features(text: str, domain: str) -> np.ndarray:
+# --- the conductor step's instructions: written by the plan, read back by the inner (recursive) call ---
+
+
+def cascade_instruction(judge: str) -> str:
+    return f"If the two answers agree, pass them through; otherwise ask {judge}."
+
+
+def vote_instruction(tie_breaker: str, judge: str) -> str:
+    return (
+        f"If the two answers agree, pass them through; otherwise ask {tie_breaker} to break the tie, "
+        f"then {judge} if it agrees with neither."
+    )
+
+
+def tie_instruction(judge: str, earlier: list[str]) -> str:
+    """The inner plan's conductor step: pass the tie-breaker's answer through if it matches an earlier one."""
+    return (
+        f"If this answer agrees with one of the earlier answers, pass it through; otherwise ask {judge}. "
+        f"Earlier answers: {json.dumps(earlier)}"
+    )
+
+
+_VOTE = re.compile(r"otherwise ask ([\w.\-]+) to break the tie, then ([\w.\-]+) if it agrees with neither")
+_JUDGE = re.compile(r"otherwise ask ([\w.\-]+)\.")
+_EARLIER = re.compile(r"Earlier answers: (\[.*\])\s*$", re.DOTALL)
+
+
+def parse_instruction(instruction: str) -> dict[str, Any]:
+    """What a conductor step written by Workflow.plan (or by the inner call) asks for.
+
+    {"kind": "vote", "tie_breaker", "judge"} | {"kind": "tie", "judge", "earlier"} |
+    {"kind": "cascade", "judge"} | {"kind": "unknown"}.
+    """
+    found = _VOTE.search(instruction)
+    if found:
+        return {"kind": "vote", "tie_breaker": found.group(1), "judge": found.group(2)}
+    judge = _JUDGE.search(instruction)
+    earlier = _EARLIER.search(instruction)
+    if judge and earlier:
+        try:
+            answers = [str(a) for a in json.loads(earlier.group(1))]
+        except (json.JSONDecodeError, TypeError):
+            answers = []
+        return {"kind": "tie", "judge": judge.group(1), "earlier": answers}
+    if judge:
+        return {"kind": "cascade", "judge": judge.group(1)}
+    return {"kind": "unknown"}
+
+
+# --- features ----------------------------------------------------------------------------------
+
+
+def _hash(token: str, size: int) -> int:
+    return int(hashlib.blake2b(token.encode(), digest_size=4).hexdigest(), 16) % size
+
+
+def features_v1(text: str, domain: str) -> np.ndarray:
     x = np.zeros(FEATURES + len(DOMAINS) + 4, dtype=np.float32)
     words = _WORD.findall(text.lower())
     for token in words + [f"{p} {q}" for p, q in zip(words, words[1:], strict=False)]:
-        x[int(hashlib.blake2b(token.encode(), digest_size=4).hexdigest(), 16) % FEATURES] = 1.0
+        x[_hash(token, FEATURES)] = 1.0
     norm = math.sqrt(max(float(x[:FEATURES].sum()), 1.0))
     x[:FEATURES] /= norm
     if domain in DOMAINS:
@@ -75,6 +155,63 @@ def features(text: str, domain: str) -> np.ndarray:
     length = len(text)
     x[FEATURES + len(DOMAINS) :] = [length < 200, 200 <= length < 500, 500 <= length < 1000, length >= 1000]
     return x
+
+
+_LENGTHS = (200, 350, 500, 800, 1200)  # characters
+_COUNTS = (2, 4, 7, 12)  # numbers in the text
+_MAGNITUDES = (10, 100, 1000, 100000)  # the largest number
+_LINES = (3, 8, 15, 25)  # lines (code)
+_BUCKETS = len(_LENGTHS) + len(_COUNTS) + len(_MAGNITUDES) + len(_LINES) + 4
+_DENSE = 1 + (len(DOMAINS) + 1) * (1 + _BUCKETS)  # bias; per domain (and "other"): indicator + buckets
+
+
+def _bucket(value: float, edges: tuple[float, ...]) -> np.ndarray:
+    out = np.zeros(len(edges) + 1, dtype=np.float32)
+    out[sum(value >= e for e in edges)] = 1.0
+    return out
+
+
+def features_v2(text: str, domain: str) -> np.ndarray:
+    """v1's hashed words and word pairs, the same again crossed with the domain, and per-domain buckets
+    of length, count and magnitude of numbers, and lines."""
+    x = np.zeros(FEATURES + CROSSED + _DENSE, dtype=np.float32)
+    lower = text.lower()
+    words = _WORD.findall(lower)
+    tokens = set(words + [f"{p} {q}" for p, q in zip(words, words[1:], strict=False)])
+    for token in tokens:
+        x[_hash(token, FEATURES)] = 1.0
+        x[FEATURES + _hash(f"{domain}|{token}", CROSSED)] = 1.0
+    for start, size in ((0, FEATURES), (FEATURES, CROSSED)):
+        block = x[start : start + size]
+        block /= math.sqrt(max(float(block.sum()), 1.0))
+    numbers = [float(n) for n in _NUMBER.findall(lower)[:200]]
+    dense = np.concatenate(
+        [
+            [1.0],
+            _bucket(len(text), _LENGTHS),
+            _bucket(len(numbers), _COUNTS),
+            _bucket(max(numbers, default=0.0), _MAGNITUDES),
+            _bucket(text.count("\n") + 1, _LINES),
+        ]
+    )
+    slot = DOMAINS.index(domain) if domain in DOMAINS else len(DOMAINS)
+    base = FEATURES + CROSSED
+    x[base] = 1.0  # bias
+    start = base + 1 + slot * (1 + _BUCKETS)
+    x[start : start + 1 + _BUCKETS] = dense[: 1 + _BUCKETS]
+    return x
+
+
+FEATURE_SETS = {"v1": features_v1, "v2": features_v2}
+FEATURE_SIZES = {"v1": FEATURES + len(DOMAINS) + 4, "v2": FEATURES + CROSSED + _DENSE}
+DEFAULT_FEATURES = "v1"  # v2 did not beat v1 in 5-fold cross-validation on train
+
+
+def features(text: str, domain: str, feature_set: str = DEFAULT_FEATURES) -> np.ndarray:
+    return FEATURE_SETS[feature_set](text, domain)
+
+
+# --- outcomes ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -87,35 +224,81 @@ def answer_key(answer: str) -> str:
     return re.sub(r"\s+", "", str(answer)).strip().lower().rstrip(".")
 
 
-def simulate(workflow: Workflow, outcomes: dict[str, dict[str, Any]]) -> Outcome:
-    """What a workflow would have scored and cost on one recorded item."""
+def agree(a: str, b: str, domain: str = "") -> bool:
+    """Do two extracted answers say the same thing? Keys match, or the domain's scorer accepts each
+    as the other's reference (non-empty answers only)."""
+    from training.scorers import DOMAIN_SCORERS, SCORERS
+
+    key = answer_key(a)
+    if not key:
+        return False
+    if key == answer_key(b):
+        return True
+    if not answer_key(b) or len(a) > 2000 or len(b) > 2000:
+        return False
+    scorer = SCORERS[DOMAIN_SCORERS.get(domain, "exact")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return scorer(str(a), str(b)) == 1.0 and scorer(str(b), str(a)) == 1.0
+        except Exception:  # noqa: BLE001 - a scorer choking on odd text means "no agreement"
+            return False
+
+
+def simulate(workflow: Workflow, outcomes: dict[str, dict[str, Any]], domain: str = "") -> Outcome:
+    """What a workflow would have scored and cost on one recorded item (as the engine runs it)."""
     if workflow.kind == "single":
         o = outcomes[workflow.workers[0]]
         return Outcome(float(o["score"]), float(o["cost_usd"]))
-    a, b, judge = (outcomes[w] for w in workflow.workers)
+    a, b = outcomes[workflow.workers[0]], outcomes[workflow.workers[1]]
     cost = float(a["cost_usd"]) + float(b["cost_usd"])
-    if answer_key(a["answer"]) == answer_key(b["answer"]) and answer_key(a["answer"]):
-        return Outcome(float(a["score"]), cost)
+    if agree(a["answer"], b["answer"], domain):
+        return Outcome(float(b["score"]), cost)  # the last response passes through
+    if workflow.kind == "vote":
+        tie = outcomes[workflow.workers[2]]
+        cost += float(tie["cost_usd"])
+        if agree(tie["answer"], a["answer"], domain) or agree(tie["answer"], b["answer"], domain):
+            return Outcome(float(tie["score"]), cost)
+    judge = outcomes[workflow.workers[-1]]
     return Outcome(float(judge["score"]), cost + float(judge["cost_usd"]))
 
 
+MINI, FLASH, QWEN, LLAMA70, HAIKU = (
+    "gpt-4o-mini-2024-07-18",
+    "gemini-1.5-flash",
+    "Qwen2-72B-Instruct",
+    "Meta-Llama-3.1-70B-Instruct",
+    "claude-3-haiku-20240307",
+)
+GPT4O, SONNET, PRO = "gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620", "gemini-1.5-pro"
+
+
 def default_actions(models: list[str]) -> list[Workflow]:
+    """Every single model, cascades of two cheap workers with a strong judge, and votes whose tie-breaker
+    and judge come from the pool's strongest (chosen offline on the train split: the workflows on each
+    domain's accuracy/cost frontier)."""
     actions = [Workflow("single", (m,)) for m in models]
-    cheap = [
-        m
-        for m in (
-            "gpt-4o-mini-2024-07-18",
-            "gemini-1.5-flash",
-            "Qwen2-72B-Instruct",
-            "Meta-Llama-3.1-70B-Instruct",
-        )
-        if m in models
-    ]
-    judges = [m for m in ("gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620") if m in models]
+    cheap = [m for m in (MINI, FLASH, QWEN, LLAMA70) if m in models]
+    judges = [m for m in (GPT4O, SONNET) if m in models]
     for i, a in enumerate(cheap):
         for b in cheap[i + 1 :]:
             for judge in judges:
                 actions.append(Workflow("cascade", (a, b, judge)))
+    votes = [
+        (MINI, QWEN, GPT4O, SONNET),
+        (MINI, QWEN, SONNET, GPT4O),
+        (MINI, LLAMA70, SONNET, GPT4O),
+        (MINI, HAIKU, GPT4O, SONNET),
+        (MINI, QWEN, HAIKU, SONNET),
+        (MINI, QWEN, HAIKU, GPT4O),
+        (MINI, FLASH, QWEN, GPT4O),
+        (MINI, FLASH, QWEN, PRO),
+        (FLASH, QWEN, MINI, GPT4O),
+        (FLASH, LLAMA70, PRO, MINI),
+    ]
+    for workers in votes:
+        if all(w in models for w in workers):
+            actions.append(Workflow("vote", workers))
     return actions
 
 
@@ -123,37 +306,52 @@ def default_actions(models: list[str]) -> list[Workflow]:
 class Policy:
     actions: list[Workflow]
     weights: np.ndarray = field(repr=False)
+    feature_set: str = DEFAULT_FEATURES
 
     @classmethod
-    def new(cls, actions: list[Workflow]) -> Policy:
-        return cls(actions, np.zeros((FEATURES + len(DOMAINS) + 4, len(actions)), dtype=np.float32))
+    def new(cls, actions: list[Workflow], feature_set: str = DEFAULT_FEATURES) -> Policy:
+        return cls(
+            actions, np.zeros((FEATURE_SIZES[feature_set], len(actions)), dtype=np.float32), feature_set
+        )
+
+    def featurize(self, text: str, domain: str) -> np.ndarray:
+        return features(text, domain, self.feature_set)
 
     def probabilities(self, x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-        logits = (x @ self.weights) / max(temperature, 1e-6)
+        nz = np.flatnonzero(x)
+        logits = (x[nz] @ self.weights[nz]) / max(temperature, 1e-6)
         logits -= logits.max()
         p = np.exp(logits)
         return p / p.sum()
 
     def choose(self, text: str, domain: str) -> tuple[Workflow, list[dict[str, Any]]]:
         """The most probable workflow, and the alternatives with their probabilities (the "why")."""
-        p = self.probabilities(features(text, domain))
-        order = np.argsort(-p)
+        p = self.probabilities(self.featurize(text, domain))
+        order = np.argsort(-p, kind="stable")
         alternatives = [{"workflow": self.actions[i].name, "p": round(float(p[i]), 4)} for i in order[:5]]
         return self.actions[int(order[0])], alternatives
 
     def to_json(self) -> str:
         return json.dumps(
             {
+                "format": POLICY_FORMAT,
+                "features": self.feature_set,
                 "actions": [[a.kind, list(a.workers)] for a in self.actions],
-                "weights": self.weights.round(6).tolist(),
+                "weights": self.weights.round(5).tolist(),
             }
         )
 
     @classmethod
     def from_json(cls, data: str) -> Policy:
+        """Reads this format and format 1 (no "format" key: v1 features)."""
         raw = json.loads(data)
+        feature_set = raw.get("features", "v1")
+        if feature_set not in FEATURE_SETS:
+            raise ValueError(f"unknown feature set {feature_set!r} in policy")
         return cls(
-            [Workflow(k, tuple(w)) for k, w in raw["actions"]], np.asarray(raw["weights"], dtype=np.float32)
+            [Workflow(k, tuple(w)) for k, w in raw["actions"]],
+            np.asarray(raw["weights"], dtype=np.float32),
+            feature_set,
         )
 
 
@@ -173,15 +371,24 @@ def reward(outcome: Outcome, config: GRPOConfig) -> float:
 def train(policy: Policy, items: list[Any], config: GRPOConfig) -> list[float]:
     """GRPO over recorded items (each with .task, .domain, .outcomes). Returns the mean reward per epoch."""
     rng = np.random.default_rng(config.seed)
-    xs = [features(item.task, item.domain) for item in items]
-    table = [[reward(simulate(a, item.outcomes), config) for a in policy.actions] for item in items]
+    xs = []
+    for item in items:
+        x = policy.featurize(item.task, item.domain)
+        nz = np.flatnonzero(x)
+        xs.append((nz, x[nz]))
+    table = [
+        [reward(simulate(a, item.outcomes, item.domain), config) for a in policy.actions] for item in items
+    ]
     history = []
     for _ in range(config.epochs):
         order = rng.permutation(len(items))
         total = 0.0
         for index in order:
-            x = xs[index]
-            p = policy.probabilities(x)
+            nz, values = xs[index]
+            logits = values @ policy.weights[nz]
+            logits -= logits.max()
+            p = np.exp(logits)
+            p /= p.sum()
             group = rng.choice(len(policy.actions), size=config.group_size, p=p)
             rewards = np.array([table[index][a] for a in group], dtype=np.float32)
             total += float(rewards.mean())
@@ -192,10 +399,8 @@ def train(policy: Policy, items: list[Any], config: GRPOConfig) -> list[float]:
             if not advantages.any():
                 continue  # no signal in a group whose samples all scored the same
             # d log pi(a|x) / d W = x (onehot(a) - p)
-            grad = np.zeros(len(policy.actions), dtype=np.float32)
-            for a, adv in zip(group, advantages, strict=True):
-                grad -= adv * p
-                grad[a] += adv
-            policy.weights += config.learning_rate / config.group_size * np.outer(x, grad)
+            grad = -float(advantages.sum()) * p.astype(np.float32)
+            np.add.at(grad, group, advantages)
+            policy.weights[nz] += config.learning_rate / config.group_size * np.outer(values, grad)
         history.append(total / len(items))
     return history

@@ -145,7 +145,9 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
                 seed=epoch,
             ),
         )
-        outcomes = [simulate(policy.choose(item.task, item.domain)[0], item.outcomes) for item in items]
+        outcomes = [
+            simulate(policy.choose(item.task, item.domain)[0], item.outcomes, item.domain) for item in items
+        ]
         accuracy = sum(x.correct for x in outcomes) / len(outcomes)
         usd_per_1000 = sum(x.cost_usd for x in outcomes) / len(outcomes) * 1000
         first = mean_reward if epoch == 0 else first

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
 
 from routing import engine, replay
+from routing.conductors import LearnedConductor, PlanRequest, WorkerCard
 from routing.models import ConductorVersion, Decision, Run, RunStatus, Step, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
-from training.policy import Policy, Workflow
+from training.policy import Policy, Workflow, agree
+from training.scorers import extract_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,3 +77,65 @@ def test_a_cascade_escalates_to_the_judge_only_when_the_cheap_answers_disagree(r
         assert [s.worker_slug for s in steps] == [cheap_a, cheap_b, "conductor", judge]
         assert run.final_answer == steps[-1].response
     assert run.score == (item.outcomes[cheap_a]["score"] if agree else item.outcomes[judge]["score"])
+
+
+@pytest.mark.parametrize("sides", [True, False], ids=["tie-breaker-sides", "tie-breaker-agrees-with-neither"])
+def test_a_vote_asks_the_tie_breaker_then_the_judge_through_nested_conductor_steps(
+    replay_pool, tmp_path, sides
+):
+    cheap_a, cheap_b, tie, judge = (
+        "gpt-4o-mini-2024-07-18",
+        "gemini-1.5-flash",
+        "Qwen2-72B-Instruct",
+        "gpt-4o-2024-08-06",
+    )
+    items = replay.read_items(replay.split_path("dev"))
+
+    def said(item, model):
+        return extract_answer(item.outcomes[model]["response"])
+
+    def fits(item):
+        a, b, t = said(item, cheap_a), said(item, cheap_b), said(item, tie)
+        return (
+            not agree(a, b, item.domain) and (agree(t, a, item.domain) or agree(t, b, item.domain)) == sides
+        )
+
+    item = next(i for i in items if i.domain == "gsm8k" and fits(i))
+    forced_policy(tmp_path, Workflow("vote", (cheap_a, cheap_b, tie, judge)))
+
+    run = run_item(item)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    steps = list(Step.objects.filter(run=run).order_by("depth", "index"))
+    expected = [cheap_a, cheap_b, "conductor", tie, "conductor"] + ([] if sides else [judge])
+    assert [s.worker_slug.lower() for s in steps] == [w.lower() for w in expected]  # as the pool names them
+    assert Decision.objects.filter(run=run, depth=2).exists()
+    assert run.final_answer == steps[-1 if not sides else 3].response
+    assert run.score == float(item.outcomes[tie if sides else judge]["score"])
+
+
+def _request(**extra) -> PlanRequest:
+    cards = [WorkerCard(slug, "v", "", Decimal("1"), Decimal("1")) for slug in ("a", "b", "c")]
+    return PlanRequest(
+        task_text="add 2 and 3", domain="gsm8k", workers=cards, max_steps=5, may_recurse=True, **extra
+    )
+
+
+def test_with_a_temperature_the_learned_conductor_samples_its_workflow(tmp_path):
+    policy = Policy.new([Workflow("single", (w,)) for w in ("a", "b", "c", "unknown")])
+    policy.weights[:, 0], policy.weights[:, 1] = 0.3, 0.1  # a is the most probable, b next
+    policy.weights[:, 3] = 5.0  # the likeliest of all names a worker the pool lacks: never picked
+    path = tmp_path / "policy.json"
+    path.write_text(policy.to_json())
+    conductor = LearnedConductor({"policy_path": str(path)})
+
+    def pick(**extra) -> str:
+        return json.loads(conductor.propose(_request(**extra)).raw_output)["steps"][0]["worker"]
+
+    assert {pick() for _ in range(5)} == {"a"}  # greedy without a temperature
+    assert {pick(temperature=0.0, seed=s) for s in range(5)} == {"a"}
+    sampled = [pick(temperature=1.0, seed=s) for s in range(200)]
+    assert set(sampled) == {"a", "b", "c"} and sampled.count("a") > sampled.count("c")
+    assert [pick(temperature=1.0, seed=s) for s in range(20)] == sampled[
+        :20
+    ]  # the seed makes it reproducible

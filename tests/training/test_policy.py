@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from routing import replay
-from training.policy import GRPOConfig, Policy, Workflow, default_actions, reward, simulate, train
+from training.policy import (
+    FEATURE_SIZES,
+    GRPOConfig,
+    Policy,
+    Workflow,
+    agree,
+    default_actions,
+    parse_instruction,
+    reward,
+    simulate,
+    tie_instruction,
+    train,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +36,11 @@ def test_grpo_raises_the_mean_reward_over_training(items):
     # Its greedy choices earn more than picking workflows uniformly at random.
     config = GRPOConfig()
     greedy = np.mean(
-        [reward(simulate(policy.choose(i.task, i.domain)[0], i.outcomes), config) for i in items]
+        [reward(simulate(policy.choose(i.task, i.domain)[0], i.outcomes, i.domain), config) for i in items]
     )
-    uniform = np.mean([reward(simulate(a, i.outcomes), config) for i in items for a in policy.actions])
+    uniform = np.mean(
+        [reward(simulate(a, i.outcomes, i.domain), config) for i in items for a in policy.actions]
+    )
     assert greedy > uniform + 0.05, (greedy, uniform)
 
 
@@ -62,3 +77,49 @@ def test_a_policy_survives_a_round_trip_and_explains_its_choice():
     choice, alternatives = restored.choose("add two numbers", "gsm8k")
     assert choice.name == "a"
     assert alternatives[0]["workflow"] == "a" and alternatives[0]["p"] > 0.9
+
+
+def test_answers_agree_by_their_domain_scorer():
+    assert agree("18", "$18.00", "gsm8k")
+    assert agree("{'1': 'b'}", "{'1':'b'}", "cruxeval-o")
+    assert not agree("18", "19", "gsm8k")
+    assert not agree("", "", "gsm8k")
+
+
+def test_a_vote_asks_the_tie_breaker_and_the_judge_only_when_needed():
+    outcomes = {
+        "a": {"score": 1.0, "cost_usd": 0.001, "answer": "42"},
+        "b": {"score": 0.0, "cost_usd": 0.002, "answer": "40"},
+        "t": {"score": 1.0, "cost_usd": 0.01, "answer": "42.0"},
+        "j": {"score": 0.0, "cost_usd": 0.05, "answer": "41"},
+    }
+    vote = Workflow("vote", ("a", "b", "t", "j"))
+    sided = simulate(vote, outcomes, "gsm8k")  # the tie-breaker sides with a: its answer passes through
+    assert (sided.correct, sided.cost_usd) == (1.0, pytest.approx(0.013))
+    outcomes["t"] = {"score": 0.0, "cost_usd": 0.01, "answer": "7"}
+    judged = simulate(vote, outcomes, "gsm8k")
+    assert (judged.correct, judged.cost_usd) == (0.0, pytest.approx(0.063))
+    outcomes["b"] = {"score": 1.0, "cost_usd": 0.002, "answer": "42"}
+    agreed = simulate(vote, outcomes, "gsm8k")
+    assert (agreed.correct, agreed.cost_usd) == (1.0, pytest.approx(0.003))
+    steps = vote.plan("What is 6 * 7?")["steps"]
+    assert [s["worker"] for s in steps] == ["a", "b", "conductor"]
+    assert parse_instruction(steps[2]["instruction"]) == {"kind": "vote", "tie_breaker": "t", "judge": "j"}
+    tie = parse_instruction(tie_instruction("gemini-1.5-pro", ["42", 'say "hi"']))
+    assert tie == {"kind": "tie", "judge": "gemini-1.5-pro", "earlier": ["42", 'say "hi"']}
+    cascade = Workflow("cascade", ("a", "b", "gpt-4o-2024-08-06")).plan("x")["steps"][2]["instruction"]
+    assert parse_instruction(cascade) == {"kind": "cascade", "judge": "gpt-4o-2024-08-06"}
+
+
+def test_a_policy_of_the_first_format_still_loads():
+    old = json.dumps(
+        {
+            "actions": [["single", ["a"]], ["cascade", ["a", "b", "c"]]],
+            "weights": np.zeros((FEATURE_SIZES["v1"], 2)).tolist(),
+        }
+    )
+    policy = Policy.from_json(old)
+    assert policy.feature_set == "v1" and policy.actions[1].workers == ("a", "b", "c")
+    richer = Policy.new(policy.actions, "v2")
+    assert Policy.from_json(richer.to_json()).weights.shape == (FEATURE_SIZES["v2"], 2)
+    assert richer.choose("add 2 and 3", "gsm8k")[0] == policy.actions[0]
