@@ -8,4 +8,5 @@ def roles(request):
         "roles": held,
         "is_auditor": bool(held & {"auditor", "admin"}),
         "is_operator": bool(held & {"operator", "admin"}),
+        "is_ml_staff": bool(held & {"ml_staff", "admin"}),
     }

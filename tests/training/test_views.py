@@ -1,0 +1,471 @@
+"""The ML staff's training pages through Django's test client: roles, forms, the progress JSON, downloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from audit.models import Role
+from routing.models import ConductorVersion
+from routing.services import conductor_active
+from training import services
+from training.models import Dataset, Evaluation, JobStatus, TrainingJob, TrainingMetric
+
+pytestmark = pytest.mark.django_db
+
+XSS = "<script>alert(1)</script>"
+XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def var_dir(settings, tmp_path) -> Path:
+    settings.VAR_DIR = tmp_path / "var"
+    settings.VAR_DIR.mkdir()
+    return settings.VAR_DIR
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def ml(make_user) -> Client:
+    return client_for(make_user("mira", Role.ML_STAFF))
+
+
+@pytest.fixture
+def job() -> TrainingJob:
+    job = TrainingJob.objects.create(
+        name="learned-a",
+        backend=TrainingJob.Backend.LEARNED,
+        options={"split": "train", "limit": 60, "epochs": 4},
+        status=JobStatus.RUNNING,
+        step=3,
+        total_steps=4,
+        log=f"epoch 1\nepoch 2\n{XSS}\n",
+    )
+    for step in range(1, 4):
+        TrainingMetric.objects.create(job=job, step=step, values={"reward": 0.1 * step, "loss": 1.0 / step})
+    return job
+
+
+# --- Roles ------------------------------------------------------------------------------------
+
+ACTIONS = [
+    ("training:job-start", []),
+    ("training:rollouts-start", []),
+    ("training:dataset-build", []),
+    ("training:rollback", []),
+]
+
+
+def test_anonymous_users_are_sent_to_log_in(client):
+    response = client.get(reverse("training:home"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+    response = client.post(reverse("training:rollback"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("roles", [(), (Role.OPERATOR,)], ids=["no-role", "operator"])
+def test_users_without_ml_staff_or_auditor_roles_are_refused(make_user, job, roles):
+    client = client_for(make_user("otto", *roles))
+    for url in (
+        reverse("training:home"),
+        reverse("training:job", args=[job.pk]),
+        reverse("training:job-progress", args=[job.pk]),
+    ):
+        assert client.get(url).status_code == 403, url
+    for name, args in ACTIONS:
+        assert client.post(reverse(name, args=args)).status_code == 403, name
+    assert client.post(reverse("training:job-cancel", args=[job.pk])).status_code == 403
+
+
+def test_auditors_read_the_pages_but_change_nothing(make_user, job):
+    client = client_for(make_user("ann", Role.AUDITOR))
+    page = client.get(reverse("training:home"))
+    assert page.status_code == 200
+    assert b"Read-only" in page.content and b"Launch a training job" not in page.content
+    assert client.get(reverse("training:job", args=[job.pk])).status_code == 200
+    assert client.get(reverse("training:job-progress", args=[job.pk])).status_code == 200
+    for name, args in ACTIONS:
+        assert client.post(reverse(name, args=args)).status_code == 403, name
+    assert client.post(reverse("training:job-cancel", args=[job.pk])).status_code == 403
+    job.refresh_from_db()
+    assert not job.cancel_requested
+
+
+@pytest.mark.parametrize("roles", [(Role.ML_STAFF,), (Role.ADMIN,)], ids=["ml-staff", "admin"])
+def test_ml_staff_and_admins_see_the_forms_with_their_defaults(make_user, var_dir, roles):
+    conductor_active()
+    page = client_for(make_user("mira", *roles)).get(reverse("training:home"))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Launch a training job" in html and "Start rollouts" in html and "Build a dataset" in html
+    assert "static-v1" in html and "Roll back" in html
+    form = page.context["job_form"]
+    assert form["epochs"].initial == 40 and form["learning_rate"].initial == 3.0
+    assert form["group_size"].initial == 16 and form["cost_penalty_per_usd"].initial == 20.0
+    assert form["max_steps"].initial == 20 and form["num_generations"].initial == 4
+    assert form["lora_learning_rate"].initial == 1e-4 and form["lora_r"].initial == 8
+    assert form["base_model_path"].initial == str(var_dir / "models" / "tiny-qwen2")
+
+
+def test_the_nav_shows_training_to_ml_staff_only(make_user):
+    conductor_active()
+    ml_page = client_for(make_user("mira", Role.ML_STAFF)).get(reverse("routing:task-list"))
+    assert reverse("training:home").encode() in ml_page.content
+    op_page = client_for(make_user("otto", Role.OPERATOR)).get(reverse("routing:task-list"))
+    assert reverse("training:home").encode() not in op_page.content
+
+
+# --- Forms ------------------------------------------------------------------------------------
+
+
+def job_post(**changes) -> dict[str, str]:
+    data = {
+        "name": "learned-b",
+        "backend": "learned",
+        "dataset": "",
+        "split": "train",
+        "limit": "60",
+        "epochs": "8",
+        "learning_rate": "3.0",
+        "group_size": "16",
+        "cost_penalty_per_usd": "20",
+        "base_model_path": "",
+        "max_steps": "20",
+        "num_generations": "4",
+        "lora_learning_rate": "0.0001",
+        "lora_r": "8",
+    }
+    data.update(changes)
+    return {f"job-{k}": v for k, v in data.items()}
+
+
+def test_a_job_form_with_errors_is_shown_again_with_them(ml):
+    response = ml.post(reverse("training:job-start"), job_post(name="not a slug!", epochs="0"))
+    assert response.status_code == 200
+    form = response.context["job_form"]
+    assert "name" in form.errors and "epochs" in form.errors
+    assert b"errorlist" in response.content
+    assert not TrainingJob.objects.exists()
+
+
+def test_the_llm_backend_needs_a_dataset(ml):
+    response = ml.post(reverse("training:job-start"), job_post(backend="llm-lora", base_model_path="/m"))
+    assert "dataset" in response.context["job_form"].errors
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_job_may_not_take_the_name_of_a_conductor_version(ml):
+    conductor_active()
+    response = ml.post(reverse("training:job-start"), job_post(name="static-v1"))
+    assert "name" in response.context["job_form"].errors
+
+
+def test_a_valid_job_form_calls_the_service_with_the_backend_options_and_redirects(ml, monkeypatch):
+    calls = []
+
+    def fake_job_start(**kwargs):
+        calls.append(kwargs)
+        return TrainingJob.objects.create(
+            name=kwargs["name"], backend=kwargs["backend"], options=kwargs["options"]
+        )
+
+    monkeypatch.setattr(services, "job_start", fake_job_start)
+    response = ml.post(reverse("training:job-start"), job_post())
+    job = TrainingJob.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("training:job", args=[job.pk])
+    (call,) = calls
+    assert call["options"] == {
+        "split": "train",
+        "limit": 60,
+        "epochs": 8,
+        "learning_rate": 3.0,
+        "group_size": 16,
+        "cost_penalty_per_usd": 20.0,
+    }
+    assert call["dataset"] is None and call["actor"].name == "mira" and call["user"].username == "mira"
+
+
+def test_a_training_error_is_a_form_error_not_a_500(ml, monkeypatch):
+    def refuse(**kwargs):
+        raise services.TrainingError("the training queue is closed")
+
+    monkeypatch.setattr(services, "job_start", refuse)
+    response = ml.post(reverse("training:job-start"), job_post())
+    assert response.status_code == 200
+    assert "the training queue is closed" in response.context["job_form"].non_field_errors()
+    assert b"the training queue is closed" in response.content
+
+
+def test_the_rollouts_form_checks_k_and_temperature(ml):
+    version = conductor_active()
+    data = {"version": version.pk, "split": "train", "limit": "5", "k": "0", "temperature": "9"}
+    response = ml.post(reverse("training:rollouts-start"), {f"rollouts-{k}": v for k, v in data.items()})
+    assert response.status_code == 200
+    errors = response.context["rollouts_form"].errors
+    assert "k" in errors and "temperature" in errors
+
+
+def test_the_rollouts_form_passes_replay_items_to_the_service(ml, monkeypatch):
+    version = conductor_active()
+    seen = {}
+
+    def fake_items(split, limit=None, domain=""):
+        seen["items"] = (split, limit, domain)
+        return [f"gsm8k/{split}/{i}" for i in range(limit)]
+
+    def fake_start(**kwargs):
+        seen["start"] = kwargs
+        from training.models import RolloutBatch
+
+        return RolloutBatch.objects.create(
+            conductor_version=kwargs["version"], k=kwargs["k"], items=kwargs["items"]
+        )
+
+    monkeypatch.setattr(services, "replay_item_ids", fake_items)
+    monkeypatch.setattr(services, "rollouts_start", fake_start)
+    data = {
+        "version": version.pk,
+        "split": "train",
+        "domain": "gsm8k",
+        "limit": "3",
+        "k": "4",
+        "temperature": "0.7",
+    }
+    response = ml.post(reverse("training:rollouts-start"), {f"rollouts-{k}": v for k, v in data.items()})
+    assert response.status_code == 302
+    assert seen["items"] == ("train", 3, "gsm8k")
+    assert seen["start"]["items"] == ["gsm8k/train/0", "gsm8k/train/1", "gsm8k/train/2"]
+    assert seen["start"]["k"] == 4 and seen["start"]["temperature"] == 0.7
+
+
+def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_reward_config(ml, monkeypatch):
+    bad = {"name": "grpo", "min_group_size": "2", "cost_penalty_per_usd": "-1", "validation_fraction": "2"}
+    response = ml.post(reverse("training:dataset-build"), {f"dataset-{k}": v for k, v in bad.items()})
+    errors = response.context["dataset_form"].errors
+    assert "validation_fraction" in errors and "cost_penalty_per_usd" in errors
+
+    seen = {}
+
+    def fake_build(**kwargs):
+        seen.update(kwargs)
+        return Dataset.objects.create(name=kwargs["name"], version=1, content_hash="ab" * 32)
+
+    monkeypatch.setattr(services, "dataset_build", fake_build)
+    good = {
+        "name": "grpo",
+        "min_group_size": "3",
+        "cost_penalty_per_usd": "5",
+        "format_term": "on",
+        "validation_fraction": "0.2",
+    }
+    response = ml.post(reverse("training:dataset-build"), {f"dataset-{k}": v for k, v in good.items()})
+    dataset = Dataset.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse(
+        "training:dataset", args=[dataset.pk]
+    )
+    assert seen["reward_config"].as_dict() == {
+        "correctness": 1.0,
+        "cost_penalty_per_usd": 5.0,
+        "format_term": True,
+    }
+    assert seen["batch_ids"] is None and seen["min_group_size"] == 3 and seen["validation_fraction"] == 0.2
+
+
+# --- Versions ---------------------------------------------------------------------------------
+
+
+def test_promote_shadow_and_rollback_go_through_the_services(ml):
+    baseline = conductor_active()
+    candidate = ConductorVersion.objects.create(name="static-v2", backend="static", config=baseline.config)
+
+    response = ml.post(reverse("training:shadow", args=[candidate.pk]), {"on": "1"}, follow=True)
+    candidate.refresh_from_db()
+    assert candidate.is_shadow
+    assert "shadow" in " ".join(str(m) for m in response.context["messages"])
+
+    ml.post(reverse("training:shadow", args=[candidate.pk]), {"on": "0"})
+    candidate.refresh_from_db()
+    assert not candidate.is_shadow
+
+    response = ml.post(reverse("training:promote", args=[candidate.pk]))
+    assert response.status_code == 302 and response["Location"] == reverse("training:home")
+    assert conductor_active().pk == candidate.pk
+
+    response = ml.post(reverse("training:rollback"), follow=True)
+    assert conductor_active().pk == baseline.pk
+    assert "static-v1" in " ".join(str(m) for m in response.context["messages"])
+
+
+def test_a_refused_action_is_a_message_not_a_500(ml, monkeypatch):
+    def refuse(**kwargs):
+        raise services.TrainingError(f"nothing to roll back to {XSS}")
+
+    monkeypatch.setattr(services, "conductor_rollback", refuse)
+    response = ml.post(reverse("training:rollback"), follow=True)
+    assert response.status_code == 200
+    assert XSS_ESCAPED.encode() in response.content and XSS.encode() not in response.content
+
+
+def test_evaluate_checks_its_form_and_calls_the_service(ml, monkeypatch):
+    baseline = conductor_active()
+    candidate = ConductorVersion.objects.create(name="static-v2", backend="static", config=baseline.config)
+    response = ml.post(
+        reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "0"}, follow=True
+    )
+    assert "Not evaluated" in " ".join(str(m) for m in response.context["messages"])
+    assert not Evaluation.objects.exists()
+
+    seen = {}
+
+    def fake_start(**kwargs):
+        seen.update(kwargs)
+        return Evaluation.objects.create(candidate=candidate, baseline=baseline, split="dev", limit=7)
+
+    monkeypatch.setattr(services, "evaluation_start", fake_start)
+    response = ml.post(reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "7"})
+    evaluation = Evaluation.objects.get()
+    assert response["Location"] == reverse("training:evaluation", args=[evaluation.pk])
+    assert seen["candidate"] == candidate and seen["baseline"] is None and seen["limit"] == 7
+
+
+def test_the_evaluation_page_compares_candidate_and_baseline(ml):
+    baseline = conductor_active()
+    candidate = ConductorVersion.objects.create(name="learned-z", backend="learned")
+    side = {"accuracy": 0.75, "usd_per_1000": "1.2345", "p95_plan_ms": 12.5, "n": 20, "failed": 1}
+    evaluation = Evaluation.objects.create(
+        candidate=candidate,
+        baseline=baseline,
+        status=JobStatus.SUCCEEDED,
+        results={
+            "candidate": {"version": "learned-z", **side},
+            "baseline": {"version": "static-v1", **side, "accuracy": 0.5, "usd_per_1000": "3.5"},
+        },
+    )
+    response = ml.get(reverse("training:evaluation", args=[evaluation.pk]))
+    html = response.content.decode()
+    assert 'id="evaluation-chart"' in html and 'data-refresh="0"' in html
+    assert "0.750" in html and "0.500" in html and "1.2345" in html and "12.5" in html
+    chart = response.context["chart"]
+    assert [p["name"] for p in chart] == ["learned-z", "static-v1"]
+    queued = Evaluation.objects.create(candidate=candidate, baseline=baseline)
+    assert b'data-refresh="1"' in ml.get(reverse("training:evaluation", args=[queued.pk])).content
+
+
+# --- Jobs -------------------------------------------------------------------------------------
+
+
+def test_the_progress_json_returns_the_points_after_a_step(ml, job):
+    url = reverse("training:job-progress", args=[job.pk])
+    data = ml.get(url).json()
+    assert set(data) >= {"status", "step", "total_steps", "progress", "metrics", "log_tail", "finished"}
+    assert data["status"] == "running" and data["step"] == 3 and data["total_steps"] == 4
+    assert data["progress"] == pytest.approx(0.75) and data["finished"] is False
+    assert [m["step"] for m in data["metrics"]] == [1, 2, 3]
+    assert data["metrics"][0]["values"] == {"reward": pytest.approx(0.1), "loss": 1.0}
+    assert XSS in data["log_tail"]  # JSON: the page writes it with textContent
+
+    assert [m["step"] for m in ml.get(url, {"after": 1}).json()["metrics"]] == [2, 3]
+    assert ml.get(url, {"after": 3}).json()["metrics"] == []
+    assert ml.get(url, {"after": "x"}).status_code == 400
+    assert ml.get(url, {"after": str(10**30)}).json()["metrics"] == []
+
+    TrainingMetric.objects.create(job=job, step=4, values={"reward": 0.5})
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.SUCCEEDED, step=4)
+    data = ml.get(url, {"after": 3}).json()
+    assert (
+        data["finished"] is True and data["progress"] == 1.0 and [m["step"] for m in data["metrics"]] == [4]
+    )
+
+
+def test_the_job_page_embeds_its_state_and_escapes_the_log(ml, job):
+    html = ml.get(reverse("training:job", args=[job.pk])).content.decode()
+    assert 'id="job-progress"' in html and 'aria-valuenow="75.0"' in html and 'value="75.0"' in html
+    assert 'id="job-curves"' in html and "plotly/plotly.min.js" in html and "js/training.js" in html
+    assert XSS_ESCAPED in html.split('id="job-log"')[1]
+    assert XSS not in html.replace(json.dumps(XSS)[1:-1], "")  # json_script escapes < as \u003C
+    state = json.loads(html.split('<script id="job-data" type="application/json">')[1].split("</script>")[0])
+    assert (
+        state["progress_url"] == reverse("training:job-progress", args=[job.pk])
+        and len(state["metrics"]) == 3
+    )
+
+
+def test_cancel_goes_through_the_service(ml, job):
+    response = ml.post(reverse("training:job-cancel", args=[job.pk]))
+    assert response.status_code == 302 and response["Location"] == reverse("training:job", args=[job.pk])
+    job.refresh_from_db()
+    assert job.cancel_requested or job.status == JobStatus.CANCELLED
+
+
+def test_a_jobs_artifact_is_served_only_from_inside_var_dir(ml, job, var_dir, tmp_path):
+    (var_dir / "policies").mkdir()
+    (var_dir / "policies" / "learned-a.json").write_text('{"weights": []}')
+    TrainingJob.objects.filter(pk=job.pk).update(artifact_path="policies/learned-a.json")
+    page = ml.get(reverse("training:job", args=[job.pk])).content.decode()
+    link = reverse("training:job-artifact", args=[job.pk, "learned-a.json"])
+    assert link in page
+    response = ml.get(link)
+    assert response.status_code == 200 and b"".join(response.streaming_content) == b'{"weights": []}'
+    assert ml.get(reverse("training:job-artifact", args=[job.pk, "other.json"])).status_code == 404
+
+    (tmp_path / "secret.txt").write_text("not yours")
+    TrainingJob.objects.filter(pk=job.pk).update(artifact_path="../secret.txt")
+    assert ml.get(reverse("training:job-artifact", args=[job.pk, "secret.txt"])).status_code == 404
+
+
+# --- Datasets ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dataset(var_dir) -> Dataset:
+    directory = var_dir / "datasets" / "grpo" / "v1"
+    directory.mkdir(parents=True)
+    dataset = Dataset.objects.create(
+        name="grpo",
+        version=1,
+        filter={"batch_ids": [1]},
+        counts={"train": 9, "validation": 1, "groups": 5},
+        content_hash="0123456789abcdef" * 4,
+        source_run_ids=[1, 2, 3],
+        path="datasets/grpo/v1",
+    )
+    for name in services.DATASET_FILES:
+        (directory / name).write_text(f"contents of {name}\n")
+    (var_dir / "datasets" / "grpo" / "secret.txt").write_text("not a dataset file")
+    return dataset
+
+
+def test_the_dataset_page_shows_its_manifest_and_files(ml, dataset):
+    response = ml.get(reverse("training:dataset", args=[dataset.pk]))
+    html = response.content.decode()
+    assert "grpo v1" in html and dataset.content_hash in html
+    assert 'id="dataset-source-runs">3<' in html
+    for name in services.dataset_files(dataset):
+        assert reverse("training:dataset-file", args=[dataset.pk, name]) in html
+
+
+def test_dataset_downloads_serve_its_files_and_refuse_other_names(ml, dataset):
+    files = services.dataset_files(dataset)
+    assert "manifest.json" in files and "train.jsonl" in files
+    response = ml.get(reverse("training:dataset-file", args=[dataset.pk, "train.jsonl"]))
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"contents of train.jsonl\n"
+    assert "attachment" in response["Content-Disposition"]
+    for name in ("secret.txt", "..", "..%2Fsecret.txt", "train.csv"):
+        assert ml.get(reverse("training:dataset", args=[dataset.pk]) + "files/" + name).status_code == 404, (
+            name
+        )

@@ -1,0 +1,161 @@
+"""Forms of the ML-staff pages: they check the input; the services in training.services act on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.conf import settings
+
+from routing.models import ConductorVersion
+
+from .models import Dataset, RolloutBatch, TrainingJob
+
+SPLITS = [("train", "train"), ("dev", "dev")]
+
+
+def default_base_model_path() -> str:
+    return str(settings.VAR_DIR / "models" / "tiny-qwen2")
+
+
+class VersionChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: ConductorVersion) -> str:
+        flags = " (active)" if obj.is_active else " (shadow)" if obj.is_shadow else ""
+        return f"{obj.name} · {obj.backend}{flags}"
+
+
+class DatasetChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Dataset) -> str:
+        return f"{obj.name} v{obj.version}"
+
+
+class BatchChoiceField(forms.ModelMultipleChoiceField):
+    def label_from_instance(self, obj: RolloutBatch) -> str:
+        return f"#{obj.pk} · {obj.conductor_version.name} · K={obj.k} · {len(obj.items)} items · {obj.status}"
+
+
+class JobStartForm(forms.Form):
+    """Launch a training job. The learned policy trains on a replay split (or a dataset); the LLM
+    conductor (LoRA) needs a dataset."""
+
+    prefix = "job"
+
+    name = forms.SlugField(max_length=80, help_text="The candidate conductor version this job registers")
+    backend = forms.ChoiceField(choices=TrainingJob.Backend.choices, initial=TrainingJob.Backend.LEARNED)
+    dataset = DatasetChoiceField(
+        queryset=Dataset.objects.order_by("-created_at", "-id"),
+        required=False,
+        empty_label="— none: train on a replay split —",
+    )
+    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
+    limit = forms.IntegerField(
+        min_value=1, max_value=1_000_000, required=False, help_text="First N items only (empty: all)"
+    )
+    # The learned policy (GRPO on the CPU)
+    epochs = forms.IntegerField(min_value=1, max_value=10_000, initial=40)
+    learning_rate = forms.FloatField(min_value=0.0, max_value=1000.0, initial=3.0)
+    group_size = forms.IntegerField(min_value=2, max_value=1024, initial=16, label="Group size")
+    cost_penalty_per_usd = forms.FloatField(
+        min_value=0.0, max_value=1_000_000.0, initial=20.0, label="Cost penalty per USD"
+    )
+    # The LLM conductor (TRL GRPO + LoRA)
+    base_model_path = forms.CharField(max_length=500, required=False, label="Base model path")
+    max_steps = forms.IntegerField(min_value=1, max_value=100_000, initial=20, label="Max steps")
+    num_generations = forms.IntegerField(min_value=2, max_value=64, initial=4, label="Generations per prompt")
+    lora_learning_rate = forms.FloatField(min_value=0.0, max_value=1.0, initial=1e-4, label="Learning rate")
+    lora_r = forms.IntegerField(min_value=1, max_value=256, initial=8, label="LoRA rank r")
+
+    LEARNED_FIELDS = ("split", "limit", "epochs", "learning_rate", "group_size", "cost_penalty_per_usd")
+    LORA_FIELDS = ("base_model_path", "max_steps", "num_generations", "lora_learning_rate", "lora_r")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["base_model_path"].initial = default_base_model_path()
+        # Only the chosen backend's settings matter: the other backend's may be left empty.
+        for name in (*self.LEARNED_FIELDS, *self.LORA_FIELDS):
+            self.fields[name].required = False
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if ConductorVersion.objects.filter(name=name).exists():
+            raise forms.ValidationError("A conductor version of this name exists; choose another name.")
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        backend = data.get("backend")
+        if backend == TrainingJob.Backend.LEARNED:
+            self._require(data, ("split", "epochs", "learning_rate", "group_size", "cost_penalty_per_usd"))
+        elif backend == TrainingJob.Backend.LLM_LORA:
+            self._require(data, self.LORA_FIELDS)
+            if not data.get("dataset"):
+                self.add_error("dataset", "The LLM conductor trains on a dataset: build one first.")
+        return data
+
+    def _require(self, data: dict[str, Any], names: tuple[str, ...]) -> None:
+        for name in names:
+            if name not in self.errors and data.get(name) in (None, ""):
+                self.add_error(name, "This field is required for this backend.")
+
+    def options(self) -> dict[str, Any]:
+        """The backend's settings, as training.services.job_start takes them."""
+        data = self.cleaned_data
+        if data["backend"] == TrainingJob.Backend.LEARNED:
+            return {
+                "split": data["split"],
+                "limit": data.get("limit"),
+                "epochs": data["epochs"],
+                "learning_rate": data["learning_rate"],
+                "group_size": data["group_size"],
+                "cost_penalty_per_usd": data["cost_penalty_per_usd"],
+            }
+        return {
+            "base_model_path": data["base_model_path"],
+            "max_steps": data["max_steps"],
+            "num_generations": data["num_generations"],
+            "learning_rate": data["lora_learning_rate"],
+            "lora_r": data["lora_r"],
+        }
+
+
+class RolloutsForm(forms.Form):
+    """Sample K workflows per replay item from a conductor version (the GRPO groups)."""
+
+    prefix = "rollouts"
+
+    version = VersionChoiceField(queryset=ConductorVersion.objects.order_by("-created_at"), label="Version")
+    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
+    domain = forms.CharField(max_length=40, required=False, help_text="Only this domain (empty: all)")
+    limit = forms.IntegerField(min_value=1, max_value=10_000, initial=20, help_text="Items")
+    k = forms.IntegerField(min_value=1, max_value=64, initial=4, label="K", help_text="Samples per item")
+    temperature = forms.FloatField(min_value=0.0, max_value=5.0, initial=1.0)
+
+
+class DatasetBuildForm(forms.Form):
+    """Build a versioned GRPO dataset from rollouts."""
+
+    prefix = "dataset"
+
+    name = forms.SlugField(max_length=80, help_text="Building the same name again makes its next version")
+    batches = BatchChoiceField(
+        queryset=RolloutBatch.objects.select_related("conductor_version").order_by("-created_at", "-id"),
+        required=False,
+        help_text="Rollout batches to take (none: every batch)",
+    )
+    min_group_size = forms.IntegerField(min_value=1, max_value=1024, initial=2, label="Min group size")
+    cost_penalty_per_usd = forms.FloatField(
+        min_value=0.0, max_value=1_000_000.0, initial=0.0, label="Cost penalty per USD"
+    )
+    format_term = forms.BooleanField(
+        required=False, label="Format term (0 unparseable plan, 0.5 parsed but wrong, 1 correct)"
+    )
+    validation_fraction = forms.FloatField(
+        min_value=0.0, max_value=0.9, initial=0.1, label="Validation fraction"
+    )
+
+
+class EvaluateForm(forms.Form):
+    """Evaluate a candidate against the active version on held-out items."""
+
+    split = forms.ChoiceField(choices=SPLITS, initial="dev")
+    limit = forms.IntegerField(min_value=1, max_value=10_000, initial=100)

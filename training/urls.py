@@ -1,0 +1,23 @@
+from django.urls import path
+
+from . import views
+
+app_name = "training"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("jobs/start/", views.job_start, name="job-start"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job"),
+    path("jobs/<int:job_id>/progress.json", views.job_progress, name="job-progress"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/artifacts/<str:name>", views.job_artifact, name="job-artifact"),
+    path("rollouts/", views.rollouts_start, name="rollouts-start"),
+    path("datasets/build/", views.dataset_build, name="dataset-build"),
+    path("datasets/<int:dataset_id>/", views.dataset_detail, name="dataset"),
+    path("datasets/<int:dataset_id>/files/<str:name>", views.dataset_file, name="dataset-file"),
+    path("evaluations/<int:evaluation_id>/", views.evaluation_detail, name="evaluation"),
+    path("versions/rollback/", views.version_rollback, name="rollback"),
+    path("versions/<int:version_id>/promote/", views.version_promote, name="promote"),
+    path("versions/<int:version_id>/shadow/", views.version_shadow, name="shadow"),
+    path("versions/<int:version_id>/evaluate/", views.version_evaluate, name="evaluate"),
+]
