@@ -74,7 +74,8 @@ def main() -> None:
         help="also train an accuracy-leaning policy with this cost penalty (0: don't)",
     )
     parser.add_argument("--features", default=DEFAULT_FEATURES, choices=sorted(FEATURE_SETS))
-    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--chart", type=Path, help="write the accuracy-cost chart to this PNG file")
     args = parser.parse_args()
     train_items, eval_items = read(args.train), read(args.eval)
     models = sorted(eval_items[0].outcomes)
@@ -156,7 +157,7 @@ def main() -> None:
             "routing:quality",
             f"""## Routing quality on recorded outcomes
 
-Command: `python -m bench.routing_quality <replay>/train.jsonl.gz <replay>/dev.jsonl.gz` ({len(train_items)}
+Command: `python -m bench.routing_quality <replay>/train.jsonl.gz <replay>/dev.jsonl.gz --write --chart docs/routing-quality.png` ({len(train_items)}
 training items, {len(eval_items)} evaluation items; the learned policy is trained on the first file only,
 {args.epochs} GRPO epochs, groups of 16, cost penalty {args.cost_penalty:g} per USD, {args.features} features,
 {len(actions)} workflows (single models, cascades, votes); {train_s:.0f} s on a CPU). The second learned row is
@@ -167,11 +168,52 @@ the same training with cost penalty {args.second_penalty:g}: a more accurate, de
 {table}
 
 Learned vs the best single model ({best_single["system"]}): {goal["accuracy_gain_points"]:+.2f} points of accuracy
-at {goal["cost_ratio_to_best_single"]:.2f}x its cost.""",
+at {goal["cost_ratio_to_best_single"]:.2f}x its cost.
+
+![Accuracy against cost per system](routing-quality.png)""",
         )
+    if args.chart:
+        chart(rows, len(models), args.chart)
     for row in rows:
         print(json.dumps(row))
     print(json.dumps(goal))
+
+
+def chart(rows: list[dict], singles: int, path: Path) -> None:
+    """Accuracy against USD per 1,000 tasks (log scale), one point per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
+    for index, row in enumerate(rows):
+        name = row["system"]
+        if index < singles:
+            style = {"color": "#8a94a6", "marker": "o"}
+        elif name.startswith("learned"):
+            style = {"color": "#d62728", "marker": "*", "s": 160}
+        elif name.startswith("oracle"):
+            style = {"color": "#2ca02c", "marker": "D"}
+        else:
+            style = {"color": "#1f77b4", "marker": "s"}
+        ax.scatter(row["usd_per_1000"], row["accuracy"], zorder=3, **{"s": 45, **style})
+        ax.annotate(
+            name,
+            (row["usd_per_1000"], row["accuracy"]),
+            fontsize=7,
+            xytext=(5, 3),
+            textcoords="offset points",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("USD per 1,000 tasks (log scale)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Routing quality on the evaluation file (trained on the training file only)")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
