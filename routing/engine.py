@@ -97,20 +97,24 @@ def _audit(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
 
 
 @contextmanager
-def run_lock(run_id: int) -> Iterator[bool]:
-    """Hold the run's advisory lock on a connection of its own; yields False if another process holds it."""
+def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
+    """Hold an advisory lock on a connection of its own (it dies with the process); yields False if
+    another process holds it."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as lock_conn:
-        acquired = lock_conn.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", (ADVISORY_LOCK_NAMESPACE, run_id)
-        ).fetchone()[0]
+        acquired = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()[0]
         try:
             yield bool(acquired)
         finally:
             if acquired:
-                lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (ADVISORY_LOCK_NAMESPACE, run_id))
+                lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, key))
+
+
+def run_lock(run_id: int) -> Iterator[bool]:
+    """The run's lock: one process executes a run at a time."""
+    return advisory_lock(ADVISORY_LOCK_NAMESPACE, run_id)
 
 
 def run_is_locked(run_id: int) -> bool:

@@ -111,6 +111,11 @@ class TrainingJob(models.Model):
         ConductorVersion, null=True, blank=True, related_name="training_job", on_delete=models.PROTECT
     )
     celery_task_id = models.CharField(max_length=200, blank=True)
+    worker_host = models.CharField(max_length=200, blank=True)
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    deliveries = models.PositiveIntegerField(
+        default=0, help_text="How many times a worker process took this job"
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -29,15 +31,48 @@ class Cancelled(Exception):
     pass
 
 
-@shared_task(name="training.tasks.train_job", acks_late=False)
+JOB_LOCK_NAMESPACE = 0x54726E67  # "Trng": one process trains a job at a time
+
+
+@shared_task(name="training.tasks.train_job", acks_late=True, reject_on_worker_lost=True)
 def train_job(job_id: int) -> None:
+    """Train one job. The job's advisory lock keeps a second delivery out while one process trains it; a
+    job whose process died (lock free, still running) starts again from the beginning on redelivery."""
+    from routing.engine import advisory_lock
+
+    with advisory_lock(JOB_LOCK_NAMESPACE, job_id) as acquired:
+        if acquired:
+            _train_job(job_id)
+
+
+def job_is_locked(job_id: int) -> bool:
+    from routing.engine import advisory_lock
+
+    with advisory_lock(JOB_LOCK_NAMESPACE, job_id) as acquired:
+        return not acquired
+
+
+def _train_job(job_id: int) -> None:
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
-        if job is None or job.status != JobStatus.QUEUED:
-            return  # cancelled before it started, or already taken
-        job.status, job.started_at = JobStatus.RUNNING, timezone.now()
-        job.save(update_fields=["status", "started_at"])
-        event_record(actor=SERVICE, action="training.job_running", obj=job, payload={"backend": job.backend})
+        if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+            return  # cancelled before it started, or finished
+        restarted = job.status == JobStatus.RUNNING
+        if restarted:
+            TrainingMetric.objects.filter(job=job).delete()  # the curves start again with the job
+        job.status, job.started_at = JobStatus.RUNNING, job.started_at or timezone.now()
+        job.deliveries += 1
+        job.worker_host, job.worker_pid = socket.gethostname(), os.getpid()
+        job.step = 0
+        job.save(update_fields=["status", "started_at", "deliveries", "worker_host", "worker_pid", "step"])
+        event_record(
+            actor=SERVICE,
+            action="training.job_restarted" if restarted else "training.job_running",
+            obj=job,
+            payload={"backend": job.backend, "delivery": job.deliveries, "worker_pid": job.worker_pid},
+        )
+    if restarted:
+        _log(job, "restarted from the beginning: the process training it was lost")
     _log(job, f"started ({job.backend}) with {job.options}")
     try:
         if job.backend == TrainingJob.Backend.LEARNED:
@@ -292,9 +327,16 @@ class EngineReward:
 
 @shared_task(name="training.tasks.settle")
 def settle() -> dict[str, int]:
-    """Mark finished rollout batches and evaluations (also done whenever their pages are read)."""
+    """Mark finished rollout batches and evaluations (also done whenever their pages are read), and queue
+    again the training jobs whose process died."""
     from .services import evaluation_refresh, rollout_batch_refresh
 
+    requeued = 0
+    for job_id in TrainingJob.objects.filter(status=JobStatus.RUNNING).values_list("pk", flat=True):
+        if not job_is_locked(job_id):  # running, yet no process holds it: its worker died
+            log.warning("training job %s lost its process; queueing it again", job_id)
+            train_job.delay(job_id)
+            requeued += 1
     batches = evaluations = 0
     for batch in RolloutBatch.objects.filter(status=JobStatus.RUNNING)[:100]:
         rollout_batch_refresh(batch)
@@ -302,4 +344,4 @@ def settle() -> dict[str, int]:
     for evaluation in Evaluation.objects.filter(status=JobStatus.RUNNING)[:100]:
         evaluation_refresh(evaluation)
         evaluations += 1
-    return {"batches": batches, "evaluations": evaluations, "at": int(time.time())}
+    return {"batches": batches, "evaluations": evaluations, "requeued_jobs": requeued, "at": int(time.time())}

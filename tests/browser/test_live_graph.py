@@ -95,7 +95,16 @@ def click_node(page: Page, index: int, worker: str) -> None:
     page.mouse.move(x - 3, y - 3)
     page.mouse.move(x, y, steps=3)
     expect(page.locator("#graph .hoverlayer .hovertext")).to_contain_text(f"{worker} · ")
-    page.mouse.click(x, y)
+    heading = page.locator("#node-panel h3")
+    for _ in range(3):  # on a loaded machine Plotly can drop a click that lands while it redraws
+        page.mouse.click(x, y)
+        try:
+            expect(heading).to_contain_text(f"· {worker}", timeout=2000)
+            return
+        except AssertionError:
+            page.mouse.move(x - 3, y - 3)
+            page.mouse.move(x, y, steps=3)
+    raise AssertionError(f"clicking the {worker} node did not open its panel")
 
 
 def open_graph(page: Page, run: Run) -> None:

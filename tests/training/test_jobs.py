@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,33 @@ def test_a_running_job_stops_when_cancelled_and_registers_nothing(
     assert job_actions(job)[-2:] == ["training.job_cancel_requested", "training.job_cancelled"]
     with pytest.raises(TrainingError, match="already cancelled"):
         job_cancel(job=job, actor=ACTOR)
+
+
+@pytest.mark.integration
+def test_a_job_whose_worker_process_is_killed_starts_again_and_finishes(
+    replay_pool, celery_workers, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    celery_workers("trainer", queues=("training",), CONDUCTOR_VAR_DIR=str(tmp_path))
+    job = job_start(
+        name="killed-job", backend="learned", dataset=None, options={"limit": 300, "epochs": 150}, actor=ACTOR
+    )
+    wait_for(
+        lambda: TrainingJob.objects.get(pk=job.pk).step >= 2, timeout=120, what="the job to make progress"
+    )
+    killed = TrainingJob.objects.get(pk=job.pk).worker_pid
+    os.kill(killed, signal.SIGKILL)
+    wait_for(
+        lambda: TrainingJob.objects.get(pk=job.pk).finished,
+        timeout=240,
+        what="the job to finish after the kill",
+    )
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, job.error + job.log
+    assert job.deliveries == 2 and job.worker_pid != killed
+    assert [p.step for p in TrainingMetric.objects.filter(job=job).order_by("step")] == list(range(1, 151))
+    assert "training.job_restarted" in job_actions(job) and job_actions(job)[-1] == "training.job_succeeded"
+    assert "restarted from the beginning" in job.log
 
 
 def test_a_job_cancelled_before_it_starts_never_runs(replay_pool):

@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
-from audit.models import Role
-from routing.models import ConductorVersion
+from audit.models import AuditEvent, Role
+from audit.services import Actor
+from routing import engine, replay
+from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import conductor_active
+from tests.conftest import clear_queues
 from training import services
-from training.models import Dataset, Evaluation, JobStatus, TrainingJob, TrainingMetric
+from training.models import (
+    Dataset,
+    Evaluation,
+    EvaluationRun,
+    JobStatus,
+    Rollout,
+    RolloutBatch,
+    TrainingJob,
+    TrainingMetric,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -31,6 +47,26 @@ def var_dir(settings, tmp_path) -> Path:
     settings.VAR_DIR = tmp_path / "var"
     settings.VAR_DIR.mkdir()
     return settings.VAR_DIR
+
+
+@pytest.fixture
+def broker(settings) -> Iterator[redis.Redis]:
+    """The real Redis broker, its queues emptied before and after: no worker takes the messages here."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    clear_queues()
+    yield client
+    clear_queues()
+    client.close()
+
+
+def queued(client: redis.Redis, queue: str) -> list[tuple[str, list]]:
+    """(task name, args) of each message waiting in a queue of the broker (kombu's Redis list)."""
+    messages = []
+    for raw in client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        messages.append((message["headers"]["task"], args))
+    return messages
 
 
 def client_for(user) -> Client:
@@ -174,40 +210,45 @@ def test_a_job_may_not_take_the_name_of_a_conductor_version(ml):
     assert "name" in response.context["job_form"].errors
 
 
-def test_a_valid_job_form_calls_the_service_with_the_backend_options_and_redirects(ml, monkeypatch):
-    calls = []
-
-    def fake_job_start(**kwargs):
-        calls.append(kwargs)
-        return TrainingJob.objects.create(
-            name=kwargs["name"], backend=kwargs["backend"], options=kwargs["options"]
-        )
-
-    monkeypatch.setattr(services, "job_start", fake_job_start)
-    response = ml.post(reverse("training:job-start"), job_post())
+@pytest.mark.django_db(transaction=True)
+def test_a_valid_job_form_starts_a_job_with_the_backend_options_and_redirects(ml, broker, settings):
+    response = ml.post(reverse("training:job-start"), job_post(limit=""))
     job = TrainingJob.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("training:job", args=[job.pk])
-    (call,) = calls
-    assert call["options"] == {
-        "split": "train",
-        "limit": 60,
-        "epochs": 8,
-        "learning_rate": 3.0,
-        "group_size": 16,
-        "cost_penalty_per_usd": 20.0,
-    }
-    assert call["dataset"] is None and call["actor"].name == "mira" and call["user"].username == "mira"
+    assert (job.name, job.backend, job.dataset, job.status) == (
+        "learned-b",
+        "learned",
+        None,
+        JobStatus.QUEUED,
+    )
+    # the form's settings over the service's defaults: the empty limit is the default (every item)
+    assert job.options == {**services.LEARNED_DEFAULTS, "epochs": 8}
+    assert job.options["limit"] is None and job.created_by.username == "mira"
+    event = AuditEvent.objects.get(action="training.job_started", object_id=str(job.pk))
+    assert event.actor_name == "mira" and event.payload["options"] == job.options
+    # queued on commit for the training worker (none runs here)
+    assert queued(broker, settings.CONDUCTOR_QUEUE_PREFIX + "training") == [
+        ("training.tasks.train_job", [job.pk])
+    ]
+    assert job.celery_task_id
 
 
-def test_a_training_error_is_a_form_error_not_a_500(ml, monkeypatch):
-    def refuse(**kwargs):
-        raise services.TrainingError("the training queue is closed")
-
-    monkeypatch.setattr(services, "job_start", refuse)
-    response = ml.post(reverse("training:job-start"), job_post())
-    assert response.status_code == 200
-    assert "the training queue is closed" in response.context["job_form"].non_field_errors()
-    assert b"the training queue is closed" in response.content
+def test_refusals_of_the_service_are_form_errors_not_500s(ml, job, dataset, var_dir):
+    no_model = var_dir / "models" / "none"
+    for changes, message in (
+        ({"name": "learned-a"}, "the name 'learned-a' is taken; choose another"),
+        ({"epochs": "1000"}, "epochs must be between 1 and 500"),
+        (
+            {"backend": "llm-lora", "dataset": str(dataset.pk), "base_model_path": str(no_model)},
+            f"no model at {no_model} (a directory with config.json",
+        ),
+    ):
+        response = ml.post(reverse("training:job-start"), job_post(**changes))
+        assert response.status_code == 200, changes
+        assert message in " ".join(response.context["job_form"].non_field_errors()), changes
+        assert escape(message).encode() in response.content, changes
+    assert list(TrainingJob.objects.values_list("name", flat=True)) == ["learned-a"]
+    assert not AuditEvent.objects.filter(action="training.job_started").exists()
 
 
 def test_the_rollouts_form_checks_k_and_temperature(ml):
@@ -219,54 +260,102 @@ def test_the_rollouts_form_checks_k_and_temperature(ml):
     assert "k" in errors and "temperature" in errors
 
 
-def test_the_rollouts_form_passes_replay_items_to_the_service(ml, monkeypatch):
+@pytest.mark.django_db(transaction=True)
+def test_the_rollouts_form_starts_k_runs_per_item_of_the_split(ml, broker, settings):
     version = conductor_active()
-    seen = {}
-
-    def fake_items(split, limit=None, domain=""):
-        seen["items"] = (split, limit, domain)
-        return [f"gsm8k/{split}/{i}" for i in range(limit)]
-
-    def fake_start(**kwargs):
-        seen["start"] = kwargs
-        from training.models import RolloutBatch
-
-        return RolloutBatch.objects.create(
-            conductor_version=kwargs["version"], k=kwargs["k"], items=kwargs["items"]
-        )
-
-    monkeypatch.setattr(services, "replay_item_ids", fake_items)
-    monkeypatch.setattr(services, "rollouts_start", fake_start)
     data = {
         "version": version.pk,
         "split": "train",
         "domain": "gsm8k",
         "limit": "3",
-        "k": "4",
+        "k": "2",
         "temperature": "0.7",
     }
     response = ml.post(reverse("training:rollouts-start"), {f"rollouts-{k}": v for k, v in data.items()})
-    assert response.status_code == 302
-    assert seen["items"] == ("train", 3, "gsm8k")
-    assert seen["start"]["items"] == ["gsm8k/train/0", "gsm8k/train/1", "gsm8k/train/2"]
-    assert seen["start"]["k"] == 4 and seen["start"]["temperature"] == 0.7
+    assert response.status_code == 302 and response["Location"] == reverse("training:home") + "#batches"
+    batch = RolloutBatch.objects.get()
+    assert (batch.conductor_version, batch.k, batch.temperature, batch.status) == (
+        version,
+        2,
+        0.7,
+        JobStatus.RUNNING,
+    )
+    assert batch.created_by.username == "mira"
+    train = {item.id: item for item in replay.read_items(replay.split_path("train"))}
+    assert len(set(batch.items)) == 3 and all(train[item].domain == "gsm8k" for item in batch.items)
+
+    rollouts = list(Rollout.objects.filter(batch=batch).select_related("run", "task"))
+    assert sorted((r.item, r.sample) for r in rollouts) == sorted(
+        (item, sample) for item in batch.items for sample in (0, 1)
+    )
+    for rollout in rollouts:
+        run = rollout.run
+        assert (run.kind, run.temperature, run.conductor_version, run.status) == (
+            Run.Kind.ROLLOUT,
+            0.7,
+            version,
+            RunStatus.QUEUED,
+        )
+        assert run.task_id == rollout.task_id and rollout.task.source == Task.Source.TRAINING
+        assert rollout.task.source_item == rollout.item and rollout.task.text == train[rollout.item].task
+    # each run was handed to the broker on commit (no worker takes it here)
+    assert sorted(args[0] for _, args in queued(broker, settings.CELERY_TASK_DEFAULT_QUEUE)) == sorted(
+        r.run_id for r in rollouts
+    )
+
+    data["domain"] = "no-such-domain"
+    response = ml.post(reverse("training:rollouts-start"), {f"rollouts-{k}": v for k, v in data.items()})
+    assert response.status_code == 200
+    assert (
+        "no items in the train split for this domain" in response.context["rollouts_form"].non_field_errors()
+    )
+    assert RolloutBatch.objects.count() == 1 and Rollout.objects.count() == 6
 
 
-def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_reward_config(ml, monkeypatch):
+ITEM = "cruxeval-o:crux-test-#1"  # gpt-4o answers it right, gpt-3.5-turbo wrong (recorded outcomes)
+RIGHT, WRONG = "gpt-4o-2024-08-06", "gpt-3.5-turbo-0125"
+
+
+def finished_rollouts(plans: list[str]) -> tuple[RolloutBatch, list[Run]]:
+    """A batch of K=len(plans) rollouts of ITEM, each run through the engine with a given plan."""
+    batch = services.rollouts_start(
+        version=conductor_active(), items=[ITEM], k=len(plans), temperature=1.0, actor=Actor.service("test")
+    )
+    task = Task.objects.get(source_item=ITEM, source=Task.Source.TRAINING)
+    runs = [r.run for r in Rollout.objects.filter(batch=batch).select_related("run").order_by("sample")]
+    for run, worker in zip(runs, plans, strict=True):
+        text = (
+            json.dumps(
+                {
+                    "thought": "t",
+                    "steps": [{"worker": worker.lower(), "instruction": task.text, "access": []}],
+                }
+            )
+            if worker in (RIGHT, WRONG)
+            else worker
+        )
+        Run.objects.filter(pk=run.pk).update(plan_override=text)
+        engine.execute_run(run.pk)
+    return batch, [Run.objects.get(pk=r.pk) for r in runs]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_dataset_with_its_reward_config(
+    ml, replay_pool, var_dir, broker
+):
     bad = {"name": "grpo", "min_group_size": "2", "cost_penalty_per_usd": "-1", "validation_fraction": "2"}
     response = ml.post(reverse("training:dataset-build"), {f"dataset-{k}": v for k, v in bad.items()})
+    assert response.status_code == 200
     errors = response.context["dataset_form"].errors
     assert "validation_fraction" in errors and "cost_penalty_per_usd" in errors
+    assert not Dataset.objects.exists() and not (var_dir / "datasets").exists()
 
-    seen = {}
-
-    def fake_build(**kwargs):
-        seen.update(kwargs)
-        return Dataset.objects.create(name=kwargs["name"], version=1, content_hash="ab" * 32)
-
-    monkeypatch.setattr(services, "dataset_build", fake_build)
+    batch, runs = finished_rollouts([RIGHT, WRONG, "not a plan at all"])
+    assert [r.status for r in runs] == [RunStatus.SUCCEEDED, RunStatus.SUCCEEDED, RunStatus.FAILED]
+    assert [r.score for r in runs[:2]] == [1.0, 0.0] and runs[0].cost_usd > 0
     good = {
         "name": "grpo",
+        "batches": [batch.pk],
         "min_group_size": "3",
         "cost_penalty_per_usd": "5",
         "format_term": "on",
@@ -277,12 +366,27 @@ def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_reward_con
     assert response.status_code == 302 and response["Location"] == reverse(
         "training:dataset", args=[dataset.pk]
     )
-    assert seen["reward_config"].as_dict() == {
-        "correctness": 1.0,
-        "cost_penalty_per_usd": 5.0,
-        "format_term": True,
-    }
-    assert seen["batch_ids"] is None and seen["min_group_size"] == 3 and seen["validation_fraction"] == 0.2
+    assert (dataset.name, dataset.version, dataset.created_by.username) == ("grpo", 1, "mira")
+    assert dataset.reward_config == {"correctness": 1.0, "cost_penalty_per_usd": 5.0, "format_term": True}
+    assert dataset.filter["batch_ids"] == [batch.pk] and dataset.filter["min_group_size"] == 3
+    assert dataset.counts["groups"] == 1 and dataset.counts["completions"] == 3
+    assert dataset.source_run_ids == sorted(r.pk for r in runs)
+
+    files = services.dataset_files(dataset)
+    assert sorted(files) == sorted(services.DATASET_FILES)
+    assert all(path.is_file() and path.is_relative_to(var_dir) for path in files.values())
+    (row,) = [
+        json.loads(line)
+        for name in ("train.jsonl", "validation.jsonl")
+        for line in files[name].read_text().splitlines()
+    ]
+    # the form's reward: the format term (1 right, 0.5 parsed but wrong, 0 unparseable) less 5 USD⁻¹ × cost
+    assert row["item"] == ITEM and row["rewards"] == pytest.approx(
+        [1.0 - 5 * float(runs[0].cost_usd), 0.5 - 5 * float(runs[1].cost_usd), 0.0]
+    )
+    assert json.loads(files["manifest.json"].read_text())["reward_config"] == dataset.reward_config
+    page = ml.get(response["Location"])
+    assert page.status_code == 200 and dataset.content_hash.encode() in page.content
 
 
 # --- Versions ---------------------------------------------------------------------------------
@@ -310,36 +414,67 @@ def test_promote_shadow_and_rollback_go_through_the_services(ml):
     assert "static-v1" in " ".join(str(m) for m in response.context["messages"])
 
 
-def test_a_refused_action_is_a_message_not_a_500(ml, monkeypatch):
-    def refuse(**kwargs):
-        raise services.TrainingError(f"nothing to roll back to {XSS}")
-
-    monkeypatch.setattr(services, "conductor_rollback", refuse)
+def test_a_rollback_with_no_earlier_conductor_is_a_message_not_a_500(ml):
+    active = conductor_active()
     response = ml.post(reverse("training:rollback"), follow=True)
     assert response.status_code == 200
-    assert XSS_ESCAPED.encode() in response.content and XSS.encode() not in response.content
+    shown = " ".join(str(m) for m in response.context["messages"])
+    assert "Not rolled back: no earlier conductor to roll back to from static-v1" in shown
+    assert conductor_active() == active
+    assert not AuditEvent.objects.filter(action="conductor.rolled_back").exists()
+
+    # the message is escaped: an active version whose name was written to the database as is
+    ConductorVersion.objects.update(is_active=False)
+    odd = ConductorVersion.objects.create(name=XSS, backend="static", config=active.config, is_active=True)
+    response = ml.post(reverse("training:rollback"), follow=True)
+    assert response.status_code == 200
+    assert f"to roll back to from {XSS_ESCAPED}".encode() in response.content
+    assert XSS.encode() not in response.content
+    assert conductor_active() == odd
 
 
-def test_evaluate_checks_its_form_and_calls_the_service(ml, monkeypatch):
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_checks_its_form_and_starts_an_evaluation_against_the_active_conductor(ml, broker, settings):
     baseline = conductor_active()
     candidate = ConductorVersion.objects.create(name="static-v2", backend="static", config=baseline.config)
     response = ml.post(
         reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "0"}, follow=True
     )
     assert "Not evaluated" in " ".join(str(m) for m in response.context["messages"])
+    response = ml.post(
+        reverse("training:evaluate", args=[baseline.pk]), {"split": "dev", "limit": "2"}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Not evaluated: static-v1 is the baseline itself" in " ".join(
+        str(m) for m in response.context["messages"]
+    )
     assert not Evaluation.objects.exists()
 
-    seen = {}
-
-    def fake_start(**kwargs):
-        seen.update(kwargs)
-        return Evaluation.objects.create(candidate=candidate, baseline=baseline, split="dev", limit=7)
-
-    monkeypatch.setattr(services, "evaluation_start", fake_start)
-    response = ml.post(reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "7"})
+    response = ml.post(reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "2"})
     evaluation = Evaluation.objects.get()
+    assert response.status_code == 302
     assert response["Location"] == reverse("training:evaluation", args=[evaluation.pk])
-    assert seen["candidate"] == candidate and seen["baseline"] is None and seen["limit"] == 7
+    assert (evaluation.candidate, evaluation.baseline, evaluation.split, evaluation.limit) == (
+        candidate,
+        baseline,
+        "dev",
+        2,
+    )
+    assert evaluation.status == JobStatus.RUNNING and evaluation.created_by.username == "mira"
+    dev = {item.id for item in replay.read_items(replay.split_path("dev"))}
+    assert len(set(evaluation.items)) == 2 and set(evaluation.items) <= dev
+    links = list(EvaluationRun.objects.filter(evaluation=evaluation).select_related("run"))
+    assert sorted((link.item, link.side, link.run.conductor_version.name) for link in links) == sorted(
+        (item, side, version.name)
+        for item in evaluation.items
+        for side, version in (("candidate", candidate), ("baseline", baseline))
+    )
+    assert {(link.run.kind, link.run.status) for link in links} == {(Run.Kind.EVALUATION, RunStatus.QUEUED)}
+    assert sorted(args[0] for _, args in queued(broker, settings.CELERY_TASK_DEFAULT_QUEUE)) == sorted(
+        link.run_id for link in links
+    )
+    assert conductor_active() == baseline
+    assert b'data-refresh="1"' in ml.get(response["Location"]).content
 
 
 def test_the_evaluation_page_compares_candidate_and_baseline(ml):
