@@ -142,7 +142,23 @@ class DatasetBuildForm(forms.Form):
         required=False,
         help_text="Rollout batches to take (none: every batch)",
     )
+    conductor_version = VersionChoiceField(
+        queryset=ConductorVersion.objects.order_by("-created_at"),
+        required=False,
+        label="Conductor version",
+        help_text="Only rollouts sampled from this version (none: any)",
+    )
+    since = forms.DateTimeField(required=False, help_text="Rollouts run from (e.g. 2026-11-01 00:00)")
+    until = forms.DateTimeField(required=False, help_text="…and before")
+    items = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Item ids, one per line or comma-separated (none: all)",
+    )
     min_group_size = forms.IntegerField(min_value=1, max_value=1024, initial=2, label="Min group size")
+    correctness = forms.FloatField(
+        min_value=0.0, max_value=1000.0, initial=1.0, required=False, label="Correctness weight"
+    )
     cost_penalty_per_usd = forms.FloatField(
         min_value=0.0, max_value=1_000_000.0, initial=0.0, label="Cost penalty per USD"
     )
@@ -152,6 +168,11 @@ class DatasetBuildForm(forms.Form):
     validation_fraction = forms.FloatField(
         min_value=0.0, max_value=0.9, initial=0.1, label="Validation fraction"
     )
+
+    def clean_items(self) -> list[str] | None:
+        raw = self.cleaned_data.get("items") or ""
+        ids = [part.strip() for chunk in raw.splitlines() for part in chunk.split(",") if part.strip()]
+        return ids or None
 
 
 class EvaluateForm(forms.Form):

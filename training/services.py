@@ -726,6 +726,7 @@ def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
     """`version` plans every new live task alongside the active one, without affecting it; None: stop."""
     if version is not None and version.is_active:
         raise TrainingError(f"{version.name} is the active conductor; shadow a candidate instead")
+    loaded = _lora_load(version) if version is not None else None  # a shadow LLM needs its adapter served
     with transaction.atomic():
         previous = ConductorVersion.objects.select_for_update().filter(is_shadow=True).first()
         if version is None and previous is None:
@@ -740,6 +741,7 @@ def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
             payload={
                 "shadow": version.name if version else None,
                 "previous": previous.name if previous else None,
+                "adapter": loaded,
             },
         )
 

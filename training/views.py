@@ -326,7 +326,7 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
         try:
             reward_config = RewardConfig.from_dict(
                 {
-                    "correctness": 1.0,
+                    "correctness": 1.0 if data["correctness"] is None else data["correctness"],
                     "cost_penalty_per_usd": data["cost_penalty_per_usd"],
                     "format_term": data["format_term"],
                 }
@@ -334,10 +334,10 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
             dataset = services.dataset_build(
                 name=data["name"],
                 batch_ids=[b.pk for b in data["batches"]] or None,
-                conductor_version=None,
-                since=None,
-                until=None,
-                items=None,
+                conductor_version=data["conductor_version"],
+                since=data["since"],
+                until=data["until"],
+                items=data["items"],
                 min_group_size=data["min_group_size"],
                 reward_config=reward_config,
                 validation_fraction=data["validation_fraction"],

@@ -162,3 +162,27 @@ def test_evaluation_compares_a_candidate_with_the_active_conductor_on_the_same_h
     assert AuditEvent.objects.filter(action="evaluation.finished", object_id=str(evaluation.pk)).count() == 1
     with pytest.raises(TrainingError, match="is the baseline itself"):
         evaluation_start(candidate=baseline, split="dev", limit=3, actor=ACTOR)
+
+
+def test_shadowing_an_llm_conductor_loads_its_adapter_first(db, openai_server, tmp_path):
+    conductor_active()
+    version = ConductorVersion.objects.create(
+        name="llm-shadow",
+        backend="llm",
+        config={
+            "model": "hosted_vllm/llm-shadow",
+            "api_base": openai_server.base_url,
+            "lora_path": str(tmp_path),
+        },
+    )
+    openai_server.lora_status = 500
+    with pytest.raises(TrainingError, match="vLLM refused the adapter"):
+        shadow_set(version=version, actor=ACTOR)
+    version.refresh_from_db()
+    assert not version.is_shadow and not AuditEvent.objects.filter(action="conductor.shadow_set").exists()
+    openai_server.lora_status = 200
+    shadow_set(version=version, actor=ACTOR)
+    version.refresh_from_db()
+    assert version.is_shadow and openai_server.loaded_adapters == {"llm-shadow": str(tmp_path)}
+    event = AuditEvent.objects.get(action="conductor.shadow_set")
+    assert event.payload["adapter"]["lora_path"] == str(tmp_path)

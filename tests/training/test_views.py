@@ -388,6 +388,24 @@ def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_dataset_wi
     page = ml.get(response["Location"])
     assert page.status_code == 200 and dataset.content_hash.encode() in page.content
 
+    # the other filters reach the service: a version that sampled nothing, and a period, select no group
+    other = ConductorVersion.objects.create(name="other", backend="static", config={})
+    narrowed = {
+        **good,
+        "conductor_version": other.pk,
+        "items": f"{ITEM}, elsewhere",
+        "since": "2020-01-01 00:00",
+        "correctness": "2",
+    }
+    response = ml.post(reverse("training:dataset-build"), {f"dataset-{k}": v for k, v in narrowed.items()})
+    assert response.status_code == 200 and "no group of at least 3" in response.content.decode()
+    narrowed["conductor_version"] = runs[0].conductor_version_id
+    response = ml.post(reverse("training:dataset-build"), {f"dataset-{k}": v for k, v in narrowed.items()})
+    second = Dataset.objects.get(version=2)
+    assert second.filter["conductor_version"] == runs[0].conductor_version.name
+    assert second.filter["items"] == [ITEM, "elsewhere"] and second.filter["since"].startswith("2020-01-01")
+    assert second.reward_config["correctness"] == 2.0 and second.counts["groups"] == 1
+
 
 # --- Versions ---------------------------------------------------------------------------------
 
