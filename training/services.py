@@ -429,6 +429,9 @@ LORA_DEFAULTS = {
     "max_completion_length": 256,
     "cost_penalty_per_usd": 0.0,
     "format_term": True,
+    # On a GPU: generate with TRL's vLLM server (`trl vllm-serve`) instead of transformers.
+    "use_vllm": False,
+    "vllm_server_base_url": "",
 }
 
 
@@ -477,6 +480,9 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)
         merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
         merged["format_term"] = bool(merged["format_term"])
+        merged["use_vllm"] = bool(merged["use_vllm"])
+        if merged["use_vllm"] and not str(merged["vllm_server_base_url"]).startswith(("http://", "https://")):
+            raise TrainingError("use_vllm needs vllm_server_base_url, the address of `trl vllm-serve`")
         return merged
     raise TrainingError(f"unknown backend {backend!r}")
 

@@ -225,6 +225,11 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
             "lora_r": o["lora_r"],
             "max_completion_length": o["max_completion_length"],
             "use_cpu": not _cuda(),
+            **(
+                {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": o["vllm_server_base_url"]}
+                if o.get("use_vllm")
+                else {}
+            ),
         },
         on_log=lambda step, total, metrics: _progress(job, step, total, metrics) or True,
     )

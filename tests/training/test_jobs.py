@@ -140,3 +140,22 @@ def test_a_candidate_name_is_used_once(replay_pool):
     conductor_active()  # static-v1
     with pytest.raises(TrainingError, match="is taken"):
         job_start(name="static-v1", backend="learned", dataset=None, options={}, actor=ACTOR)
+
+
+def test_lora_settings_are_checked_and_vllm_generation_needs_its_server(tmp_path):
+    from training.models import Dataset
+    from training.services import job_options
+
+    (tmp_path / "config.json").write_text("{}")
+    dataset = Dataset(name="d", version=1)
+    base = {"base_model_path": str(tmp_path)}
+    checked = job_options("llm-lora", base, dataset)
+    assert checked["use_vllm"] is False and checked["num_generations"] == 4 and checked["format_term"] is True
+    with pytest.raises(TrainingError, match="needs vllm_server_base_url"):
+        job_options("llm-lora", {**base, "use_vllm": True}, dataset)
+    served = job_options(
+        "llm-lora", {**base, "use_vllm": True, "vllm_server_base_url": "http://trl:8000"}, dataset
+    )
+    assert served["use_vllm"] and served["vllm_server_base_url"] == "http://trl:8000"
+    with pytest.raises(TrainingError, match="no model at"):
+        job_options("llm-lora", {"base_model_path": str(tmp_path / "missing")}, dataset)
