@@ -44,6 +44,10 @@ FAILURES = (services.TrainingError, ReplayDataError)
 def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
     """The training overview, with the three launch forms (bound ones carry their errors)."""
     conductor_active()  # the static baseline exists from the first look on
+    for batch in RolloutBatch.objects.filter(status=JobStatus.RUNNING)[:LIST_SIZE]:
+        services.rollout_batch_refresh(batch)  # finished batches show as such without waiting for beat
+    for evaluation in Evaluation.objects.filter(status=JobStatus.RUNNING)[:LIST_SIZE]:
+        services.evaluation_refresh(evaluation)
     context = {
         "versions": ConductorVersion.objects.order_by("-created_at"),
         "jobs": TrainingJob.objects.select_related("dataset", "candidate")[:LIST_SIZE],

@@ -622,3 +622,13 @@ def test_dataset_downloads_serve_its_files_and_refuse_other_names(ml, dataset):
         assert ml.get(reverse("training:dataset", args=[dataset.pk]) + "files/" + name).status_code == 404, (
             name
         )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_training_page_shows_a_batch_finished_once_its_runs_have_ended(ml, replay_pool, var_dir, broker):
+    batch, _ = finished_rollouts([RIGHT, WRONG])
+    assert batch.status == JobStatus.RUNNING  # nothing has looked at it since its runs ended
+    page = ml.get(reverse("training:home"))
+    batch.refresh_from_db()
+    assert batch.status == JobStatus.SUCCEEDED and "Succeeded" in page.content.decode()
+    assert AuditEvent.objects.filter(action="rollouts.finished", object_id=str(batch.pk)).count() == 1
