@@ -28,7 +28,7 @@ from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus
 from routing.services import conductor_activate, run_enqueue
 
 from .models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
-from .rewards import RewardConfig, group_advantages, run_reward
+from .rewards import RewardConfig, group_advantages, reward_of
 
 MAX_ITEMS = 5000
 MAX_K = 64
@@ -277,7 +277,7 @@ def dataset_build(
             f"no group of at least {min_group_size} finished rollouts matches the filter "
             f"({len(groups)} smaller groups)"
         )
-    root_outputs = _root_outputs([r.run_id for members in kept.values() for r in members])
+    root_plans = _root_plans([r.run_id for members in kept.values() for r in members])
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
     prompts: dict[Any, list[dict[str, str]]] = {}
     run_ids: list[int] = []
@@ -285,7 +285,15 @@ def dataset_build(
         task = members[0].task
         if task.pk not in prompts:
             prompts[task.pk] = conductor_prompt(task)
-        rewards = [run_reward(r.run, reward_config) for r in members]
+        rewards = [
+            reward_of(
+                parsed=root_plans.get(r.run_id, ("", False))[1],
+                correct=r.run.score,
+                cost_usd=r.run.cost_usd,
+                config=reward_config,
+            )
+            for r in members
+        ]
         values = [r.reward for r in rewards]
         run_ids += [r.run_id for r in members]
         rows[_split_of(item, validation_fraction)].append(
@@ -296,7 +304,7 @@ def dataset_build(
                 "domain": task.domain,
                 "reference": task.reference,
                 "scorer": task.scorer,
-                "group_completions": [root_outputs.get(r.run_id, "") for r in members],
+                "group_completions": [root_plans.get(r.run_id, ("", False))[0] for r in members],
                 "rewards": values,
                 "advantages": group_advantages(values),
                 "scores": [r.correct for r in rewards],
@@ -354,16 +362,16 @@ def dataset_build(
     return dataset
 
 
-def _root_outputs(run_ids: list[int]) -> dict[int, str]:
-    """The top-level plan text each run's conductor wrote (its last try)."""
-    outputs: dict[int, str] = {}
-    for run_id, raw in (
+def _root_plans(run_ids: list[int]) -> dict[int, tuple[str, bool]]:
+    """Per run: the top-level plan text its conductor wrote (its last try), and whether a try parsed."""
+    plans: dict[int, tuple[str, bool]] = {}
+    for run_id, raw, valid in (
         Decision.objects.filter(run_id__in=run_ids, depth=0)
         .order_by("run_id", "attempt", "id")
-        .values_list("run_id", "raw_output")
+        .values_list("run_id", "raw_output", "valid")
     ):
-        outputs[run_id] = raw
-    return outputs
+        plans[run_id] = (raw, valid or plans.get(run_id, ("", False))[1])
+    return plans
 
 
 def _write_files(directory: Path, rows: dict[str, list[dict[str, Any]]]) -> str:
