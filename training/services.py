@@ -412,6 +412,35 @@ def _manifest(dataset: Dataset) -> dict[str, Any]:
 DATASET_FILES = ("train.parquet", "validation.parquet", "train.jsonl", "validation.jsonl", "manifest.json")
 
 
+def dataset_preview(dataset: Dataset, limit: int = 5) -> list[dict[str, Any]]:
+    """The first groups of the training split, each sample with its reward and advantage."""
+    path = dataset_files(dataset).get("train.jsonl")
+    if path is None:
+        return []
+    groups = []
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if len(groups) >= limit:
+                break
+            row = json.loads(line)
+            samples = zip(
+                row["group_completions"], row["rewards"], row["advantages"], row["run_ids"], strict=True
+            )
+            groups.append(
+                {
+                    "item": row["item"],
+                    "task_id": row["task_id"],
+                    "domain": row["domain"],
+                    "task": row["prompt"][-1]["content"] if row["prompt"] else "",
+                    "samples": [
+                        {"completion": c, "reward": r, "advantage": a, "run_id": run}
+                        for c, r, a, run in samples
+                    ],
+                }
+            )
+    return groups
+
+
 def dataset_files(dataset: Dataset) -> dict[str, Path]:
     directory = settings.VAR_DIR / dataset.path
     return {name: directory / name for name in DATASET_FILES if (directory / name).exists()}

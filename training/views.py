@@ -155,8 +155,17 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
             "files": rows,
             "source_runs": len(dataset.source_run_ids),
             "jobs": dataset.jobs.all(),
+            "preview": _preview(request, dataset) if files else [],
         },
     )
+
+
+def _preview(request: HttpRequest, dataset: Dataset) -> list[dict[str, Any]]:
+    try:
+        return services.dataset_preview(dataset)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # a file edited or damaged by hand
+        messages.error(request, f"The training split cannot be previewed: {type(exc).__name__}: {exc}")
+        return []
 
 
 @require_GET

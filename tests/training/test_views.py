@@ -387,6 +387,10 @@ def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_dataset_wi
     assert json.loads(files["manifest.json"].read_text())["reward_config"] == dataset.reward_config
     page = ml.get(response["Location"])
     assert page.status_code == 200 and dataset.content_hash.encode() in page.content
+    (group,) = page.context["preview"]  # the first groups, each sample with its reward and advantage
+    assert [s["run_id"] for s in group["samples"]] == [r.pk for r in runs]
+    assert [s["advantage"] for s in group["samples"]] == pytest.approx(row["advantages"])
+    assert escape("not a plan at all") in page.content.decode()
 
     # the other filters reach the service: a version that sampled nothing, and a period, select no group
     other = ConductorVersion.objects.create(name="other", backend="static", config={})
@@ -609,6 +613,8 @@ def test_the_dataset_page_shows_its_manifest_and_files(ml, dataset):
     assert 'id="dataset-source-runs">3<' in html
     for name in services.dataset_files(dataset):
         assert reverse("training:dataset-file", args=[dataset.pk, name]) in html
+    # these files were not written by a build: the page says the split cannot be previewed, no 500
+    assert "cannot be previewed: JSONDecodeError" in html and response.context["preview"] == []
 
 
 def test_dataset_downloads_serve_its_files_and_refuse_other_names(ml, dataset):
