@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 urlpatterns = [
     path("", include("routing.urls")),
+    path("api/training/", include("training.api_urls")),
     path("api/", include("routing.api_urls")),
     path("audit/", include("audit.urls")),
     path("training/", include("training.urls")),

@@ -1,0 +1,336 @@
+"""The training API's serializers: inputs (what a script may send) apart from outputs (what it reads).
+
+Inputs check types and shapes only; the rules (names, ranges, backends' settings) are the services',
+so the API answers with the same messages as the pages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from routing.models import ConductorVersion
+
+from . import services
+from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob, TrainingMetric
+
+LOG_TAIL_CHARS = 8000
+
+
+# Named enum components of their own: drf-spectacular would otherwise merge these choice sets with
+# routing's fields of the same names ("status", "backend") and warn about the collision.
+@extend_schema_field({"type": "string", "enum": list(JobStatus.values)}, component_name="TrainingStatusEnum")
+class TrainingStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any):
+        super().__init__(choices=JobStatus.choices, **kwargs)
+
+
+@extend_schema_field(
+    {"type": "string", "enum": list(TrainingJob.Backend.values)}, component_name="TrainingBackendEnum"
+)
+class TrainingBackendField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any):
+        super().__init__(choices=TrainingJob.Backend.choices, **kwargs)
+
+
+@extend_schema_field(
+    {"type": "string", "enum": list(ConductorVersion.Backend.values)},
+    component_name="ConductorBackendEnum",
+)
+class ConductorBackendField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any):
+        super().__init__(choices=ConductorVersion.Backend.choices, **kwargs)
+
+
+class VersionField(serializers.SlugRelatedField):
+    """A conductor version, by its name."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(slug_field="name", queryset=ConductorVersion.objects.all(), **kwargs)
+
+
+class ErrorOutput(serializers.Serializer):
+    detail = serializers.CharField(help_text="Why the request was refused")
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+class JobStartInput(serializers.Serializer):
+    name = serializers.CharField(
+        max_length=200, help_text="The candidate conductor version this job registers (a slug)"
+    )
+    backend = TrainingBackendField()
+    dataset = serializers.PrimaryKeyRelatedField(
+        queryset=Dataset.objects.all(), required=False, allow_null=True, default=None
+    )
+    options = serializers.DictField(
+        required=False,
+        default=dict,
+        help_text="The backend's settings; those left out take the defaults (learned: split, limit, "
+        "epochs, learning_rate, group_size, cost_penalty_per_usd; llm-lora: base_model_path, max_steps, "
+        "num_generations, prompts_per_step, learning_rate, lora_r, max_completion_length, "
+        "cost_penalty_per_usd, format_term, use_vllm, vllm_server_base_url)",
+    )
+
+
+class MetricsQuery(serializers.Serializer):
+    after = serializers.IntegerField(
+        required=False, default=-1, min_value=-1, max_value=2**31 - 1, help_text="Only points after this step"
+    )
+
+
+class RewardInput(serializers.Serializer):
+    correctness = serializers.FloatField(required=False, default=1.0)
+    cost_penalty_per_usd = serializers.FloatField(required=False, default=0.0)
+    format_term = serializers.BooleanField(required=False, default=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict) and set(data) - set(self.fields):
+            raise serializers.ValidationError(
+                f"unknown reward settings: {sorted(set(data) - set(self.fields))}"
+            )
+        return super().to_internal_value(data)
+
+
+class DatasetBuildInput(serializers.Serializer):
+    name = serializers.CharField(
+        max_length=80, help_text="Building the same name again makes its next version"
+    )
+    batch_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Rollout batches to take (none: every batch)",
+    )
+    conductor_version = VersionField(
+        required=False, allow_null=True, default=None, help_text="Only rollouts sampled from this version"
+    )
+    since = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    until = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    items = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Item ids (none: all)",
+    )
+    min_group_size = serializers.IntegerField(required=False, default=2)
+    reward = RewardInput(required=False, allow_null=True, default=None)
+    validation_fraction = serializers.FloatField(required=False, default=0.1)
+
+    def validate_batch_ids(self, value: list[int] | None) -> list[int] | None:
+        if value:
+            known = set(RolloutBatch.objects.filter(pk__in=value).values_list("pk", flat=True))
+            missing = sorted(set(value) - known)
+            if missing:
+                raise serializers.ValidationError(f"unknown rollout batches: {missing}")
+        return value or None
+
+
+class RolloutsStartInput(serializers.Serializer):
+    version = VersionField(help_text="The conductor version to sample from")
+    items = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        help_text="Replay item ids; or leave out and give split (+ limit, domain)",
+    )
+    split = serializers.CharField(required=False, default="train", max_length=40)
+    limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=services.MAX_ITEMS)
+    domain = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
+    k = serializers.IntegerField(required=False, default=4, help_text="Samples per item (the GRPO group)")
+    temperature = serializers.FloatField(required=False, default=1.0)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = set(self.initial_data) if isinstance(self.initial_data, dict) else set()
+        if "items" in attrs and given & {"split", "limit", "domain"}:
+            raise serializers.ValidationError("give items, or split (with limit and domain), not both")
+        return attrs
+
+
+class EvaluationStartInput(serializers.Serializer):
+    candidate = VersionField()
+    baseline = VersionField(
+        required=False, allow_null=True, default=None, help_text="The active conductor when left out"
+    )
+    split = serializers.CharField(required=False, default="dev", max_length=40)
+    limit = serializers.IntegerField(required=False, default=100)
+
+
+class ShadowInput(serializers.Serializer):
+    on = serializers.BooleanField(help_text="true: this version shadows live tasks; false: it stops")
+
+
+# --- outputs -------------------------------------------------------------------------------------
+
+
+class JobListOutput(serializers.ModelSerializer):
+    backend = TrainingBackendField()
+    status = TrainingStatusField()
+    progress = serializers.FloatField(help_text="0 to 1")
+    candidate = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id",
+            "name",
+            "backend",
+            "dataset",
+            "status",
+            "step",
+            "total_steps",
+            "progress",
+            "candidate",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+
+class JobDetailOutput(JobListOutput):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    log_tail = serializers.SerializerMethodField(help_text=f"The last {LOG_TAIL_CHARS} characters of the log")
+
+    class Meta(JobListOutput.Meta):
+        fields = [
+            *JobListOutput.Meta.fields,
+            "options",
+            "cancel_requested",
+            "error",
+            "artifact_path",
+            "deliveries",
+            "created_by",
+            "log_tail",
+        ]
+
+    def get_log_tail(self, job: TrainingJob) -> str:
+        return job.log[-LOG_TAIL_CHARS:]
+
+
+class MetricOutput(serializers.ModelSerializer):
+    class Meta:
+        model = TrainingMetric
+        fields = ["step", "values", "created_at"]
+
+
+class MetricsOutput(serializers.Serializer):
+    job = serializers.IntegerField()
+    status = TrainingStatusField()
+    step = serializers.IntegerField()
+    total_steps = serializers.IntegerField()
+    after = serializers.IntegerField()
+    points = MetricOutput(many=True)
+    more = serializers.BooleanField(help_text="More points follow: ask again with after = the last step")
+
+
+class DatasetListOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "version", "counts", "content_hash", "created_at"]
+
+
+class DatasetFileOutput(serializers.Serializer):
+    name = serializers.CharField()
+    size = serializers.IntegerField()
+    url = serializers.URLField(help_text="Download (same roles as the API's reads)")
+
+
+class DatasetDetailOutput(serializers.ModelSerializer):
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    files = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dataset
+        fields = [
+            "id",
+            "name",
+            "version",
+            "created_at",
+            "created_by",
+            "filter",
+            "reward_config",
+            "counts",
+            "content_hash",
+            "source_run_ids",
+            "path",
+            "files",
+        ]
+
+    @extend_schema_field(DatasetFileOutput(many=True))
+    def get_files(self, dataset: Dataset) -> list[dict[str, Any]]:
+        request = self.context.get("request")
+        rows = []
+        for name, path in sorted(services.dataset_files(dataset).items()):
+            url = reverse("training-api:dataset-file", args=[dataset.pk, name])
+            rows.append(
+                {
+                    "name": name,
+                    "size": path.stat().st_size,
+                    "url": request.build_absolute_uri(url) if request is not None else url,
+                }
+            )
+        return rows
+
+
+class RolloutCountsOutput(serializers.Serializer):
+    runs = serializers.IntegerField()
+    finished = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class RolloutBatchOutput(serializers.ModelSerializer):
+    conductor = serializers.CharField(source="conductor_version.name")
+    status = TrainingStatusField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+
+    class Meta:
+        model = RolloutBatch
+        fields = ["id", "conductor", "k", "temperature", "items", "status", "created_by", "created_at"]
+
+
+class RolloutBatchDetailOutput(RolloutBatchOutput):
+    counts = serializers.SerializerMethodField(help_text="The batch's runs: all, finished, failed")
+
+    class Meta(RolloutBatchOutput.Meta):
+        fields = [*RolloutBatchOutput.Meta.fields, "counts"]
+
+    @extend_schema_field(RolloutCountsOutput)
+    def get_counts(self, batch: RolloutBatch) -> dict[str, int] | None:
+        return self.context.get("counts")
+
+
+class EvaluationOutput(serializers.ModelSerializer):
+    candidate = serializers.CharField(source="candidate.name")
+    baseline = serializers.CharField(source="baseline.name")
+    status = TrainingStatusField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Evaluation
+        fields = [
+            "id",
+            "candidate",
+            "baseline",
+            "split",
+            "limit",
+            "items",
+            "status",
+            "results",
+            "error",
+            "created_by",
+            "created_at",
+            "finished_at",
+        ]
+
+
+class ConductorOutput(serializers.ModelSerializer):
+    backend = ConductorBackendField()
+
+    class Meta:
+        model = ConductorVersion
+        fields = ["name", "backend", "is_active", "is_shadow", "created_at", "notes"]
