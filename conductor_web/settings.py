@@ -201,10 +201,16 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Conductor Web API",
-    "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs.",
+    "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs; train, evaluate and promote conductors.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["audit.roles.HasRole"],
+    # One name per choice set: run and job statuses, and data classes wherever they appear.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "routing.models.RunStatus",
+        "JobStatusEnum": "training.models.JobStatus",
+        "DataClassEnum": "routing.models.DataClass",
+    },
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------
