@@ -887,6 +887,8 @@ def _settle_training_task(run: Run, now: Any) -> None:
     """A training item's task (rollouts, evaluations; no live run) is done when its last run ends."""
     if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW):
         return
+    # The task row is locked first: two runs ending at once each see the other finished, in turn.
+    Task.objects.select_for_update().filter(pk=run.task_id).values_list("pk", flat=True).first()
     unfinished = Run.objects.filter(task_id=run.task_id).exclude(
         status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
     )

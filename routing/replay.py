@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -65,6 +66,8 @@ def read_items(path: Path) -> list[ReplayItem]:
 
 
 def split_path(split: str, directory: Path | None = None) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", split or ""):
+        raise ReplayDataError(f"{split!r} is not a split name (letters, digits, '-' and '_')")
     directory = directory or replay_dir()
     path = directory / f"{split}.jsonl.gz"
     if not path.exists():

@@ -116,6 +116,8 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
     if max_usd < 0:
         raise SubmissionError("max_usd must not be negative")
     key = submission.idempotency_key or None
+    if key is not None and key.startswith("training:"):
+        raise SubmissionError("idempotency keys starting with 'training:' are reserved for training items")
     if key is not None:
         existing = Task.objects.filter(idempotency_key=key).first()
         if existing is not None:

@@ -34,6 +34,14 @@ class RolloutBatch(models.Model):
     temperature = models.FloatField(default=1.0)
     items = models.JSONField(default=list, help_text="The source items (or task ids) rolled out")
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    training_job = models.ForeignKey(
+        "TrainingJob",
+        null=True,
+        blank=True,
+        related_name="sample_batches",
+        on_delete=models.PROTECT,
+        help_text="Set for the samples a trainer generated: plans of the model being trained",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
     )
@@ -96,7 +104,9 @@ class TrainingJob(models.Model):
         LEARNED = "learned", "Learned policy (GRPO on the CPU)"
         LLM_LORA = "llm-lora", "LLM conductor (TRL GRPO + LoRA)"
 
-    name = models.SlugField(max_length=80, help_text="The candidate conductor version this job registers")
+    name = models.SlugField(
+        max_length=80, unique=True, help_text="The candidate conductor version this job registers"
+    )
     backend = models.CharField(max_length=20, choices=Backend.choices)
     dataset = models.ForeignKey(Dataset, null=True, blank=True, related_name="jobs", on_delete=models.PROTECT)
     options = models.JSONField(default=dict, blank=True, help_text="The backend's settings")

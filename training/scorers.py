@@ -12,6 +12,9 @@ import json
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import regex as regex_engine  # matches with a timeout (the re module has none)
 
 _JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
@@ -135,25 +138,31 @@ def math(answer: str, reference: str) -> float:
 MAX_PATTERN_CHARS = 1000
 
 
-def check_pattern(reference: str) -> re.Pattern[str]:
+REGEX_TIMEOUT_S = 1.0
+
+
+def check_pattern(reference: str) -> Any:
     """A regex reference, compiled; ValueError with the reason when it is not a usable pattern."""
     if len(reference) > MAX_PATTERN_CHARS:
         raise ValueError(
             f"the reference pattern has {len(reference)} characters; at most {MAX_PATTERN_CHARS}"
         )
     try:
-        return re.compile(reference, re.IGNORECASE)
-    except re.error as exc:
+        return regex_engine.compile(reference, regex_engine.IGNORECASE)
+    except regex_engine.error as exc:
         raise ValueError(f"the reference is not a valid regular expression: {exc}") from exc
 
 
 def regex(answer: str, reference: str) -> float:
-    """The reference is a regular expression the whole extracted answer must match (case-insensitive)."""
+    """The reference is a regular expression the whole extracted answer must match (case-insensitive).
+
+    Matched with a time limit: a pattern that backtracks without end scores 0 instead of hanging a worker.
+    """
     try:
         pattern = check_pattern(reference)
-    except ValueError:
+        return 1.0 if pattern.fullmatch(answer.strip(), timeout=REGEX_TIMEOUT_S) else 0.0
+    except (ValueError, TimeoutError):
         return 0.0
-    return 1.0 if pattern.fullmatch(answer.strip()) else 0.0
 
 
 SCORERS: dict[str, Callable[[str, str], float]] = {

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -28,10 +28,12 @@ from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus
 from routing.services import conductor_activate, run_enqueue
 
 from .models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
-from .rewards import RewardConfig, group_advantages, reward_of
+from .rewards import RewardConfig, RunReward, _bool, group_advantages, reward_of
 
 MAX_ITEMS = 5000
+TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
 MAX_K = 64
+DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a time
 FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
@@ -73,14 +75,14 @@ def _replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
 def _training_task(item: replay.ReplayItem, actor: Actor) -> Task:
     """The task that stands for a recorded item in rollouts and evaluations (one per item)."""
     task, created = Task.objects.get_or_create(
-        idempotency_key=f"training:{item.id}",
+        idempotency_key=f"{TRAINING_KEY_PREFIX}{item.id}",
+        source=Task.Source.TRAINING,
         defaults={
             "text": item.task,
             "reference": item.reference,
             "domain": item.domain,
             "source_item": item.id,
             "classification": DataClass.PUBLIC,
-            "source": Task.Source.TRAINING,
             "max_steps": settings.CONDUCTOR_DEFAULT_MAX_STEPS,
             "max_depth": settings.CONDUCTOR_DEFAULT_MAX_DEPTH,
             "max_usd": settings.CONDUCTOR_DEFAULT_MAX_USD,
@@ -261,39 +263,44 @@ def dataset_build(
     if batch_ids:
         rollouts = rollouts.filter(batch_id__in=batch_ids)
     if conductor_version is not None:
-        rollouts = rollouts.filter(run__conductor_version=conductor_version)
+        # A trainer's samples are the plans of the model being trained, whatever version ran them.
+        rollouts = rollouts.filter(run__conductor_version=conductor_version, batch__training_job__isnull=True)
     if since:
         rollouts = rollouts.filter(run__created_at__gte=since)
     if until:
         rollouts = rollouts.filter(run__created_at__lt=until)
     if items:
         rollouts = rollouts.filter(item__in=items)
-    groups: dict[str, list[Rollout]] = {}
-    for rollout in rollouts.order_by("item", "run_id"):
-        groups.setdefault(rollout.item, []).append(rollout)
+    found = list(rollouts.order_by("item", "run_id"))
+    root_plans = _root_plans([r.run_id for r in found])
+    groups: dict[str, list[tuple[Rollout, RunReward]]] = {}
+    ungraded = 0
+    for rollout in found:
+        earned = reward_of(
+            parsed=root_plans.get(rollout.run_id, ("", False))[1],
+            correct=rollout.run.score,
+            cost_usd=rollout.run.cost_usd,
+            config=reward_config,
+        )
+        if earned.parsed and earned.correct is None and rollout.task.reference:
+            ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward to learn
+            continue
+        groups.setdefault(rollout.item, []).append((rollout, earned))
     kept = {item: members for item, members in groups.items() if len(members) >= min_group_size}
     if not kept:
         raise TrainingError(
             f"no group of at least {min_group_size} finished rollouts matches the filter "
-            f"({len(groups)} smaller groups)"
+            f"({len(groups)} smaller groups, {ungraded} ungraded samples left out)"
         )
-    root_plans = _root_plans([r.run_id for members in kept.values() for r in members])
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
     prompts: dict[Any, list[dict[str, str]]] = {}
     run_ids: list[int] = []
-    for item, members in sorted(kept.items()):
+    for item, pairs in sorted(kept.items()):
+        members = [rollout for rollout, _ in pairs]
+        rewards = [earned for _, earned in pairs]
         task = members[0].task
         if task.pk not in prompts:
             prompts[task.pk] = conductor_prompt(task)
-        rewards = [
-            reward_of(
-                parsed=root_plans.get(r.run_id, ("", False))[1],
-                correct=r.run.score,
-                cost_usd=r.run.cost_usd,
-                config=reward_config,
-            )
-            for r in members
-        ]
         values = [r.reward for r in rewards]
         run_ids += [r.run_id for r in members]
         rows[_split_of(item, validation_fraction)].append(
@@ -313,20 +320,22 @@ def dataset_build(
                 "run_ids": [r.run_id for r in members],
             }
         )
-    if validation_fraction > 0 and not rows["validation"] and len(rows["train"]) > 1:
-        rows["validation"].append(rows["train"].pop())  # a split with a validation part has one
     with transaction.atomic():
-        version = (
-            Dataset.objects.select_for_update().filter(name=name).aggregate(v=Max("version"))["v"] or 0
-        ) + 1
+        # One build of a name at a time: the next version number is read under this lock.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [DATASET_LOCK_NAMESPACE, name])
+        version = (Dataset.objects.filter(name=name).aggregate(v=Max("version"))["v"] or 0) + 1
         relative = Path("datasets") / name / f"v{version}"
         directory = settings.VAR_DIR / relative
+        if directory.exists():
+            raise TrainingError(f"{relative} exists but no dataset names it; move it away first")
         counts = {
             "groups": len(kept),
             "train": len(rows["train"]),
             "validation": len(rows["validation"]),
             "completions": len(run_ids),
             "skipped_groups": len(groups) - len(kept),
+            "ungraded_samples": ungraded,
         }
         try:
             content_hash = _write_files(directory, rows)
@@ -356,8 +365,8 @@ def dataset_build(
                     "source_runs": len(run_ids),
                 },
             )
-        except (IntegrityError, OSError):
-            shutil.rmtree(directory, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)  # this build made it: nothing half-written stays
             raise
     return dataset
 
@@ -506,7 +515,11 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         if dataset is None:
             raise TrainingError("the llm-lora backend trains on a dataset: choose one")
         base = Path(str(merged["base_model_path"] or settings.VAR_DIR / "models" / "tiny-qwen2"))
-        if not (base / "config.json").exists():
+        try:
+            found = (base / "config.json").is_file()
+        except OSError as exc:  # e.g. a path component too long for the file system
+            raise TrainingError(f"not a usable model path: {exc}") from exc
+        if not found:
             raise TrainingError(f"no model at {base} (a directory with config.json, from save_pretrained)")
         merged["base_model_path"] = str(base)
         merged["max_steps"] = _number(merged, "max_steps", int, 1, 100_000)
@@ -516,8 +529,11 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["lora_r"] = _number(merged, "lora_r", int, 1, 256)
         merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)
         merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
-        merged["format_term"] = bool(merged["format_term"])
-        merged["use_vllm"] = bool(merged["use_vllm"])
+        try:
+            merged["format_term"] = _bool(merged["format_term"])
+            merged["use_vllm"] = _bool(merged["use_vllm"])
+        except ValueError as exc:
+            raise TrainingError(str(exc)) from exc
         if merged["use_vllm"] and not str(merged["vllm_server_base_url"]).startswith(("http://", "https://")):
             raise TrainingError("use_vllm needs vllm_server_base_url, the address of `trl vllm-serve`")
         return merged
@@ -538,22 +554,25 @@ def job_start(
     if ConductorVersion.objects.filter(name=name).exists() or TrainingJob.objects.filter(name=name).exists():
         raise TrainingError(f"the name {name!r} is taken; choose another")
     checked = job_options(backend, options, dataset)
-    with transaction.atomic():
-        job = TrainingJob.objects.create(
-            name=name, backend=backend, dataset=dataset, options=checked, created_by=_user(user)
-        )
-        event_record(
-            actor=actor,
-            action="training.job_started",
-            obj=job,
-            payload={
-                "name": name,
-                "backend": backend,
-                "dataset": str(dataset) if dataset else None,
-                "options": checked,
-            },
-        )
-        transaction.on_commit(lambda: _queue_job(job.pk))
+    try:
+        with transaction.atomic():
+            job = TrainingJob.objects.create(
+                name=name, backend=backend, dataset=dataset, options=checked, created_by=_user(user)
+            )
+            event_record(
+                actor=actor,
+                action="training.job_started",
+                obj=job,
+                payload={
+                    "name": name,
+                    "backend": backend,
+                    "dataset": str(dataset) if dataset else None,
+                    "options": checked,
+                },
+            )
+            transaction.on_commit(lambda: _queue_job(job.pk))
+    except IntegrityError as exc:  # a concurrent request took the name a moment ago
+        raise TrainingError(f"the name {name!r} is taken; choose another") from exc
     return job
 
 
@@ -722,9 +741,16 @@ def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVe
                 actor=actor, action="conductor.promotion_failed", obj=version, payload={"error": str(exc)}
             )
         raise
+    try:
+        return _promote(version, actor, loaded)
+    except IntegrityError as exc:  # another promotion or a shadow change got there first
+        raise TrainingError(f"{version.name} changed while being promoted; try again") from exc
+
+
+def _promote(version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | None) -> ConductorVersion:
     with transaction.atomic():
         previous = ConductorVersion.objects.filter(is_active=True).first()
-        ConductorVersion.objects.filter(pk=version.pk).update(is_shadow=False)
+        _leave_shadow(version, actor)
         event_record(
             actor=actor,
             action="conductor.promoted",
@@ -754,8 +780,16 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
     previous = ConductorVersion.objects.filter(name=previous_name).first() if previous_name else None
     if previous is None:
         raise TrainingError(f"no earlier conductor to roll back to from {current.name}")
+    try:
+        _lora_load(previous)  # vLLM may have restarted since it last served this adapter
+    except TrainingError as exc:
+        with transaction.atomic():
+            event_record(
+                actor=actor, action="conductor.promotion_failed", obj=previous, payload={"error": str(exc)}
+            )
+        raise
     with transaction.atomic():
-        ConductorVersion.objects.filter(pk=previous.pk).update(is_shadow=False)
+        _leave_shadow(previous, actor)
         event_record(
             actor=actor,
             action="conductor.rolled_back",
@@ -765,11 +799,29 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
         return conductor_activate(version=previous, actor=actor)
 
 
+def _leave_shadow(version: ConductorVersion, actor: Actor) -> None:
+    """A version about to become active stops shadowing (recorded: shadow mode really ends)."""
+    if ConductorVersion.objects.filter(pk=version.pk, is_shadow=True).update(is_shadow=False):
+        event_record(
+            actor=actor,
+            action="conductor.shadow_cleared",
+            obj=version,
+            payload={"shadow": None, "previous": version.name, "reason": "activated"},
+        )
+
+
 def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
     """`version` plans every new live task alongside the active one, without affecting it; None: stop."""
     if version is not None and version.is_active:
         raise TrainingError(f"{version.name} is the active conductor; shadow a candidate instead")
     loaded = _lora_load(version) if version is not None else None  # a shadow LLM needs its adapter served
+    try:
+        _shadow_switch(version, actor, loaded)
+    except IntegrityError as exc:  # the version was promoted meanwhile
+        raise TrainingError("the conductors changed meanwhile; reload and try again") from exc
+
+
+def _shadow_switch(version: ConductorVersion | None, actor: Actor, loaded: dict[str, Any] | None) -> None:
     with transaction.atomic():
         previous = ConductorVersion.objects.select_for_update().filter(is_shadow=True).first()
         if version is None and previous is None:

@@ -57,6 +57,13 @@ def _train_job(job_id: int) -> None:
         job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
             return  # cancelled before it started, or finished
+        if job.cancel_requested:  # cancelled while its lost process was being replaced
+            job.status, job.finished_at = JobStatus.CANCELLED, timezone.now()
+            job.save(update_fields=["status", "finished_at"])
+            event_record(
+                actor=SERVICE, action="training.job_cancelled", obj=job, payload={"message": "not restarted"}
+            )
+            return
         restarted = job.status == JobStatus.RUNNING
         if restarted:
             TrainingMetric.objects.filter(job=job).delete()  # the curves start again with the job
@@ -79,13 +86,23 @@ def _train_job(job_id: int) -> None:
             artifact, config, notes = _train_learned(job)
         else:
             artifact, config, notes = _train_lora(job)
+        version = _register(job, artifact, config, notes)
     except Cancelled:
         _finish(job, JobStatus.CANCELLED, "training.job_cancelled", "cancelled at the ML staff's request")
         return
-    except Exception as exc:
+    except Exception as exc:  # a failed job says why and stays failed (settle never restarts it)
         log.exception("training job %s failed", job_id)
         _finish(job, JobStatus.FAILED, "training.job_failed", f"{type(exc).__name__}: {exc}")
         return
+    _log(job, f"finished: candidate {version.name}, artifact {artifact}")
+
+
+def _artifact_dir(job: TrainingJob, kind: str) -> Path:
+    """Where a job writes: its own directory, so no job overwrites what another registered."""
+    return settings.VAR_DIR / kind / f"job-{job.pk}-{job.name}"
+
+
+def _register(job: TrainingJob, artifact: Path, config: dict[str, Any], notes: str) -> ConductorVersion:
     backend = (
         ConductorVersion.Backend.LEARNED
         if job.backend == TrainingJob.Backend.LEARNED
@@ -111,7 +128,7 @@ def _train_job(job_id: int) -> None:
             obj=job,
             payload={"candidate": version.name, "artifact": str(artifact)},
         )
-    _log(job, f"finished: candidate {version.name}, artifact {artifact}")
+    return version
 
 
 def _finish(job: TrainingJob, status: str, action: str, message: str) -> None:
@@ -193,7 +210,7 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
             o["epochs"],
             {"reward": mean_reward, "accuracy": accuracy, "usd_per_1000": usd_per_1000},
         )
-    path = settings.VAR_DIR / "policies" / f"{job.name}.json"
+    path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(policy.to_json())
     config = {"policy_path": str(path), "items": len(items), **{k: o[k] for k in ("epochs", "learning_rate")}}
@@ -209,7 +226,7 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     files = dataset_files(job.dataset)
     data = datasets.load_dataset("parquet", data_files={"train": str(files["train.parquet"])})["train"]
     o = job.options
-    out = settings.VAR_DIR / "adapters" / job.name
+    out = _artifact_dir(job, "adapters")
     reward = EngineReward(job)
     _log(job, f"{len(data)} prompts from {job.dataset}; base model {o['base_model_path']}")
     result = run_grpo_lora(
@@ -274,6 +291,7 @@ class EngineReward:
         if self.batch is None:
             with transaction.atomic():
                 self.batch = RolloutBatch.objects.create(
+                    training_job=self.job,
                     conductor_version=version,
                     k=self.job.options["num_generations"],
                     temperature=1.0,
@@ -293,7 +311,7 @@ class EngineReward:
 
     def __call__(
         self, prompts: list[Any], completions: list[Any], item: list[str] | None = None, **_: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
         from routing import engine
         from routing.services import conductor_active
 
@@ -326,7 +344,9 @@ class EngineReward:
                 Rollout.objects.create(batch=batch, task=task, run=run, item=item_id, sample=sample)
             engine.execute_run(run.pk)
             run.refresh_from_db()
-            rewards.append(run_reward(run, self.config).reward)
+            earned = run_reward(run, self.config)
+            # A plan that ran but got no grade (a failed call, no judge) teaches nothing: TRL skips None.
+            rewards.append(None if earned.parsed and earned.correct is None else earned.reward)
         return rewards
 
 

@@ -112,7 +112,7 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     expect(page.locator("#job-cancel")).to_have_count(0)
     expect(page.locator("#job-finished-at")).not_to_have_text("—")
     # The learned policy's weights: a download link, filled in live, that serves the file.
-    weights = page.locator("#job-artifacts a", has_text="learned-browser.json")
+    weights = page.locator("#job-artifacts a", has_text="policy.json")
     expect(weights).to_be_visible()
     download = page.request.get(weights.get_attribute("href"))
     assert download.ok and b'"weights"' in download.body()

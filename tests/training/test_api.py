@@ -374,7 +374,14 @@ def test_a_dataset_from_finished_rollouts(ml, make_user, replay_pool, var_dir):
     assert response.status_code == 201, response.data
     dataset = Dataset.objects.get(pk=response.data["id"])
     assert (dataset.name, dataset.version, dataset.created_by.username) == ("crux", 1, "mira")
-    assert dataset.counts == {"groups": 1, "train": 1, "validation": 0, "completions": 3, "skipped_groups": 0}
+    assert dataset.counts == {
+        "groups": 1,
+        "train": 1,
+        "validation": 0,
+        "completions": 3,
+        "skipped_groups": 0,
+        "ungraded_samples": 0,
+    }
     assert dataset.reward_config == {"correctness": 1.0, "cost_penalty_per_usd": 0.0, "format_term": True}
     assert dataset.filter["batch_ids"] == [batch_id] and dataset.filter["conductor_version"] == version.name
     detail = ml.get(f"{API}datasets/{dataset.pk}/").data

@@ -71,7 +71,14 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
         actor=ACTOR,
     )
     assert dataset.version == 1
-    assert dataset.counts == {"groups": 1, "train": 1, "validation": 0, "completions": 3, "skipped_groups": 0}
+    assert dataset.counts == {
+        "groups": 1,
+        "train": 1,
+        "validation": 0,
+        "completions": 3,
+        "skipped_groups": 0,
+        "ungraded_samples": 0,
+    }
     assert dataset.source_run_ids == sorted(r.pk for r in runs)
 
     files = dataset_files(dataset)

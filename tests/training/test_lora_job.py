@@ -67,7 +67,7 @@ def test_a_lora_job_trains_on_engine_rewards_and_its_promotion_loads_the_adapter
     )
 
     # every sampled plan ran through the engine as a rollout; the random model's text is no plan (reward 0)
-    samples = Run.objects.filter(rollout__batch__in=RolloutBatch.objects.exclude(pk=batch.pk))
+    samples = Run.objects.filter(rollout__batch__in=RolloutBatch.objects.filter(training_job=job))
     assert samples.count() == 2 * 2 * 2  # steps x prompts x generations
     assert set(Decision.objects.filter(run__in=samples, depth=0).values_list("backend", flat=True)) == {
         "given"
