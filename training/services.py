@@ -102,10 +102,14 @@ def _training_task(item: replay.ReplayItem, actor: Actor) -> Task:
     return task
 
 
-def _offline_run(task: Task, version: ConductorVersion, kind: str, **fields: Any) -> Run:
-    run = Run.objects.create(task=task, conductor_version=version, kind=kind, **fields)
-    transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
-    return run
+def _offline_runs(specs: list[tuple[Task, ConductorVersion]], kind: str, **fields: Any) -> list[Run]:
+    """Runs of a training kind, inserted at once and queued when the transaction commits."""
+    runs = Run.objects.bulk_create(
+        [Run(task=task, conductor_version=version, kind=kind, **fields) for task, version in specs]
+    )
+    ids = [run.pk for run in runs]
+    transaction.on_commit(lambda: [run_enqueue(run_id=run_id) for run_id in ids])
+    return runs
 
 
 # --- rollouts -----------------------------------------------------------------------------------
@@ -129,11 +133,21 @@ def rollouts_start(
             status=JobStatus.RUNNING,
             created_by=_user(user),
         )
-        for item in found:
-            task = _training_task(item, actor)
-            for sample in range(k):
-                run = _offline_run(task, version, Run.Kind.ROLLOUT, temperature=temperature)
-                Rollout.objects.create(batch=batch, task=task, run=run, item=item.id, sample=sample)
+        tasks = [(item, _training_task(item, actor)) for item in found]
+        runs = iter(
+            _offline_runs(
+                [(task, version) for _, task in tasks for _ in range(k)],
+                Run.Kind.ROLLOUT,
+                temperature=temperature,
+            )
+        )
+        Rollout.objects.bulk_create(
+            [
+                Rollout(batch=batch, task=task, run=next(runs), item=item.id, sample=sample)
+                for item, task in tasks
+                for sample in range(k)
+            ]
+        )
         event_record(
             actor=actor,
             action="rollouts.started",
@@ -631,11 +645,18 @@ def evaluation_start(
             status=JobStatus.RUNNING,
             created_by=_user(user),
         )
-        for item in found:
-            task = _training_task(item, actor)
-            for side, version in (("candidate", candidate), ("baseline", baseline)):
-                run = _offline_run(task, version, Run.Kind.EVALUATION)
-                EvaluationRun.objects.create(evaluation=evaluation, run=run, side=side, item=item.id)
+        sides = (("candidate", candidate), ("baseline", baseline))
+        tasks = [(item, _training_task(item, actor)) for item in found]
+        runs = iter(
+            _offline_runs([(task, version) for _, task in tasks for _, version in sides], Run.Kind.EVALUATION)
+        )
+        EvaluationRun.objects.bulk_create(
+            [
+                EvaluationRun(evaluation=evaluation, run=next(runs), side=side, item=item.id)
+                for item, _ in tasks
+                for side, _ in sides
+            ]
+        )
         event_record(
             actor=actor,
             action="evaluation.started",
