@@ -90,6 +90,16 @@ def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
     decisions = sum(d.cost_usd for d in Decision.objects.filter(run=run))
     assert run.cost_usd == attempts + decisions + judge_cost
 
+    # the judge's vendor saw the task: the auditors' vendor report says so, and lists the task
+    from audit.selectors import vendor_exposure, vendor_tasks
+
+    (row,) = [r for r in vendor_exposure(since=None, until=None) if r["vendor"] == "acme"]
+    assert (row["judged"], row["steps"], row["tasks"]) == (1, 0, 1) and row["cost"] == judge_cost
+    assert [
+        t.pk
+        for t in vendor_tasks(vendor="acme", classification=run.task.classification, since=None, until=None)
+    ] == [run.task_id]
+
 
 def test_a_judge_not_cleared_for_the_data_is_not_asked(judge_worker):
     PolicyRule.objects.create(
