@@ -15,6 +15,8 @@ from django.utils import timezone
 
 from .models import Run, RunStatus, Step, StepStatus
 
+OPERATIONAL_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW)
+
 
 @dataclass(frozen=True)
 class Filters:
@@ -24,7 +26,11 @@ class Filters:
     conductor: str = ""
 
     def runs(self) -> QuerySet[Run]:
-        qs = Run.objects.filter(created_at__gte=self.since, created_at__lt=self.until)
+        # Live work and the shadow runs beside it; rollouts (sampled at a temperature) and evaluation runs
+        # have pages of their own under /training/.
+        qs = Run.objects.filter(
+            created_at__gte=self.since, created_at__lt=self.until, kind__in=OPERATIONAL_KINDS
+        )
         if self.classification:
             qs = qs.filter(task__classification=self.classification)
         if self.conductor:

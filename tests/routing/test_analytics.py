@@ -43,10 +43,16 @@ def test_cost_routing_and_accuracy_add_up_to_the_runs(replay_runs):
     assert sum(r["share"] for r in shares if r["domain"] == "math-l5") == pytest.approx(1.0)
 
     conductors = analytics.accuracy_vs_cost(f, by="conductor")
-    runs = Run.objects.all()
+    runs = list(Run.objects.all())
     assert conductors[0]["name"] == "static-v1" and conductors[0]["runs"] == 5
     assert conductors[0]["accuracy"] == pytest.approx(sum(r.score for r in runs) / 5)
     assert conductors[0]["usd_per_1000"] == sum((r.cost_usd for r in runs), Decimal(0)) / 5 * 1000
+    # a rollout of the same version (sampled at a temperature for training) is not live work
+    rollout = Run.objects.create(
+        task=runs[0].task, conductor_version=runs[0].conductor_version, kind="rollout"
+    )
+    engine.execute_run(rollout.pk)
+    assert analytics.accuracy_vs_cost(f, by="conductor") == conductors
     finals = {p["name"]: p for p in analytics.accuracy_vs_cost(f, by="worker")}
     assert set(finals) == {"gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06"}
     assert finals["gpt-4o-mini-2024-07-18"]["pareto"]  # the cheapest point is never dominated
