@@ -117,9 +117,14 @@ def run_lock(run_id: int) -> Iterator[bool]:
     return advisory_lock(ADVISORY_LOCK_NAMESPACE, run_id)
 
 
-def run_is_locked(run_id: int) -> bool:
-    with run_lock(run_id) as acquired:
+def advisory_locked(namespace: int, key: int) -> bool:
+    """Whether another process holds the lock (probed by taking it for a moment)."""
+    with advisory_lock(namespace, key) as acquired:
         return not acquired
+
+
+def run_is_locked(run_id: int) -> bool:
+    return advisory_locked(ADVISORY_LOCK_NAMESPACE, run_id)
 
 
 # --- entry point --------------------------------------------------------------------------------

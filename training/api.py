@@ -225,8 +225,6 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
                 items = services.replay_item_ids(
                     values["split"], limit=values["limit"], domain=values["domain"]
                 )
-                if not items:
-                    raise services.TrainingError(f"no items in the {values['split']} split for this domain")
             batch = services.rollouts_start(
                 version=values["version"],
                 items=items,

@@ -29,6 +29,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,8 +369,14 @@ def reward(outcome: Outcome, config: GRPOConfig) -> float:
     return outcome.correct - config.cost_penalty_per_usd * outcome.cost_usd
 
 
-def train(policy: Policy, items: list[Any], config: GRPOConfig) -> list[float]:
-    """GRPO over recorded items (each with .task, .domain, .outcomes). Returns the mean reward per epoch."""
+def train(
+    policy: Policy,
+    items: list[Any],
+    config: GRPOConfig,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """GRPO over recorded items (each with .task, .domain, .outcomes). Returns the mean reward per epoch;
+    `on_epoch(epoch, mean_reward)` is called after each (a training job's progress; it may raise to stop)."""
     rng = np.random.default_rng(config.seed)
     xs = []
     for item in items:
@@ -403,4 +410,6 @@ def train(policy: Policy, items: list[Any], config: GRPOConfig) -> list[float]:
             np.add.at(grad, group, advantages)
             policy.weights[nz] += config.learning_rate / config.group_size * np.outer(values, grad)
         history.append(total / len(items))
+        if on_epoch is not None:
+            on_epoch(len(history), history[-1])
     return history

@@ -30,7 +30,7 @@ class RewardConfig:
             config = cls(
                 correctness=float(data.get("correctness", 1.0)),
                 cost_penalty_per_usd=float(data.get("cost_penalty_per_usd", 0.0)),
-                format_term=_bool(data.get("format_term", False)),
+                format_term=parse_bool(data.get("format_term", False)),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"reward settings: {exc}") from exc
@@ -44,7 +44,7 @@ class RewardConfig:
         return asdict(self)
 
 
-def _bool(value: Any) -> bool:
+def parse_bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in {"true", "1", "yes", "on", "false", "0", "no", "off", ""}:

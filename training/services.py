@@ -28,7 +28,7 @@ from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus
 from routing.services import conductor_activate, run_enqueue
 
 from .models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
-from .rewards import RewardConfig, RunReward, _bool, group_advantages, reward_of
+from .rewards import RewardConfig, RunReward, group_advantages, parse_bool, reward_of
 
 MAX_ITEMS = 5000
 TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
@@ -51,11 +51,13 @@ def replay_item_ids(split: str, limit: int | None = None, domain: str = "") -> l
     except replay.ReplayDataError as exc:
         raise TrainingError(str(exc)) from exc
     ids = [item.id for item in items if not domain or item.domain == domain]
+    if not ids:
+        raise TrainingError(f"no items in the {split} split" + (" for this domain" if domain else ""))
     random.Random(0).shuffle(ids)
     return ids[:limit] if limit else ids
 
 
-def _replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
+def replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
     if not item_ids:
         raise TrainingError("choose at least one item")
     if len(item_ids) > MAX_ITEMS:
@@ -123,7 +125,7 @@ def rollouts_start(
         raise TrainingError(f"K must be between 1 and {MAX_K}")
     if not 0 < temperature <= 5:
         raise TrainingError("the temperature must be above 0 and at most 5")
-    found = _replay_items(items)
+    found = replay_items(items)
     with transaction.atomic():
         batch = RolloutBatch.objects.create(
             conductor_version=version,
@@ -544,8 +546,8 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)
         merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
         try:
-            merged["format_term"] = _bool(merged["format_term"])
-            merged["use_vllm"] = _bool(merged["use_vllm"])
+            merged["format_term"] = parse_bool(merged["format_term"])
+            merged["use_vllm"] = parse_bool(merged["use_vllm"])
         except ValueError as exc:
             raise TrainingError(str(exc)) from exc
         if merged["use_vllm"] and not str(merged["vllm_server_base_url"]).startswith(("http://", "https://")):
@@ -562,7 +564,10 @@ def job_start(
     options: dict[str, Any],
     actor: Actor,
     user: Any = None,
+    queue: bool = True,
 ) -> TrainingJob:
+    """Record a training job and queue it on the training queue (queue=False: the caller runs
+    training.tasks.train_job itself, as `manage.py train_conductor` does)."""
     if not name or not all(c.isalnum() or c in "-_" for c in name) or len(name) > 80:
         raise TrainingError("a candidate name is letters, digits, '-' and '_' (at most 80)")
     if ConductorVersion.objects.filter(name=name).exists() or TrainingJob.objects.filter(name=name).exists():
@@ -584,7 +589,8 @@ def job_start(
                     "options": checked,
                 },
             )
-            transaction.on_commit(lambda: _queue_job(job.pk))
+            if queue:
+                transaction.on_commit(lambda: _queue_job(job.pk))
     except IntegrityError as exc:  # a concurrent request took the name a moment ago
         raise TrainingError(f"the name {name!r} is taken; choose another") from exc
     return job
@@ -634,7 +640,7 @@ def evaluation_start(
         raise TrainingError(f"{candidate.name} is the baseline itself; choose another candidate")
     if not 1 <= limit <= MAX_ITEMS:
         raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
-    found = _replay_items(replay_item_ids(split, limit))
+    found = replay_items(replay_item_ids(split, limit))
     with transaction.atomic():
         evaluation = Evaluation.objects.create(
             candidate=candidate,
@@ -750,18 +756,23 @@ def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
     return {"url": url, **body, "status": response.status_code}
 
 
-def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
-    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any)."""
-    if version.is_active:
-        raise TrainingError(f"{version.name} is already the active conductor")
+def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] | None:
+    """Load the adapter of a version about to become active; a refusal is recorded, and nothing changes."""
     try:
-        loaded = _lora_load(version)
+        return _lora_load(version)
     except TrainingError as exc:
         with transaction.atomic():
             event_record(
                 actor=actor, action="conductor.promotion_failed", obj=version, payload={"error": str(exc)}
             )
         raise
+
+
+def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
+    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any)."""
+    if version.is_active:
+        raise TrainingError(f"{version.name} is already the active conductor")
+    loaded = _activation_load(version, actor)
     try:
         return _promote(version, actor, loaded)
     except IntegrityError as exc:  # another promotion or a shadow change got there first
@@ -801,14 +812,7 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
     previous = ConductorVersion.objects.filter(name=previous_name).first() if previous_name else None
     if previous is None:
         raise TrainingError(f"no earlier conductor to roll back to from {current.name}")
-    try:
-        _lora_load(previous)  # vLLM may have restarted since it last served this adapter
-    except TrainingError as exc:
-        with transaction.atomic():
-            event_record(
-                actor=actor, action="conductor.promotion_failed", obj=previous, payload={"error": str(exc)}
-            )
-        raise
+    _activation_load(previous, actor)  # vLLM may have restarted since it last served this adapter
     with transaction.atomic():
         _leave_shadow(previous, actor)
         event_record(

@@ -46,10 +46,9 @@ def train_job(job_id: int) -> None:
 
 
 def job_is_locked(job_id: int) -> bool:
-    from routing.engine import advisory_lock
+    from routing.engine import advisory_locked
 
-    with advisory_lock(JOB_LOCK_NAMESPACE, job_id) as acquired:
-        return not acquired
+    return advisory_locked(JOB_LOCK_NAMESPACE, job_id)
 
 
 def _train_job(job_id: int) -> None:
@@ -155,24 +154,15 @@ def _progress(job: TrainingJob, step: int, total: int, values: dict[str, Any]) -
 
 
 def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
-    if job.dataset is not None:
-        from .services import dataset_files
+    from .services import dataset_files, replay_items
 
+    if job.dataset is not None:
         path = dataset_files(job.dataset)["train.jsonl"]
-        ids = [json.loads(line)["item"] for line in path.read_text().splitlines() if line.strip()]
-        by_id = {i.id: i for i in _split_items_for(ids)}
-        return [by_id[i] for i in ids if i in by_id]
+        return replay_items(
+            [json.loads(line)["item"] for line in path.read_text().splitlines() if line.strip()]
+        )
     items = replay.read_items(replay.split_path(job.options["split"]))
     return items[: job.options["limit"]] if job.options.get("limit") else items
-
-
-def _split_items_for(ids: list[str]) -> list[replay.ReplayItem]:
-    found = []
-    for item_id in ids:
-        item = replay.find_item(item_id=item_id, texts=[])
-        if item is not None:
-            found.append(item)
-    return found
 
 
 def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
@@ -184,32 +174,32 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     o = job.options
     policy = Policy.new(default_actions(sorted(items[0].outcomes)))
     _log(job, f"{len(items)} items, {len(policy.actions)} workflows, {o['epochs']} epochs")
-    first = last = 0.0
-    for epoch in range(o["epochs"]):
-        (mean_reward,) = train(
-            policy,
-            items,
-            GRPOConfig(
-                group_size=o["group_size"],
-                epochs=1,
-                learning_rate=o["learning_rate"],
-                cost_penalty_per_usd=o["cost_penalty_per_usd"],
-                seed=epoch,
-            ),
-        )
+
+    def on_epoch(epoch: int, mean_reward: float) -> None:
         outcomes = [
             simulate(policy.choose(item.task, item.domain)[0], item.outcomes, item.domain) for item in items
         ]
         accuracy = sum(x.correct for x in outcomes) / len(outcomes)
         usd_per_1000 = sum(x.cost_usd for x in outcomes) / len(outcomes) * 1000
-        first = mean_reward if epoch == 0 else first
-        last = mean_reward
         _progress(
             job,
-            epoch + 1,
+            epoch,
             o["epochs"],
             {"reward": mean_reward, "accuracy": accuracy, "usd_per_1000": usd_per_1000},
         )
+
+    curve = train(
+        policy,
+        items,
+        GRPOConfig(
+            group_size=o["group_size"],
+            epochs=o["epochs"],
+            learning_rate=o["learning_rate"],
+            cost_penalty_per_usd=o["cost_penalty_per_usd"],
+        ),
+        on_epoch=on_epoch,
+    )
+    first, last = curve[0], curve[-1]
     path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(policy.to_json())

@@ -312,8 +312,6 @@ def rollouts_start(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             items = services.replay_item_ids(data["split"], limit=data["limit"], domain=data["domain"])
-            if not items:
-                raise services.TrainingError(f"no items in the {data['split']} split for this domain")
             batch = services.rollouts_start(
                 version=data["version"],
                 items=items,

@@ -1,19 +1,17 @@
-import time
-
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
 
-from audit.services import Actor, event_record
-from routing import replay
-from routing.models import ConductorVersion
+from audit.services import Actor
 from routing.services import conductor_activate
-from training.policy import GRPOConfig, Policy, default_actions, train
+from training.models import JobStatus, TrainingJob
+from training.policy import GRPOConfig
+from training.services import TrainingError, job_start
+from training.tasks import train_job
 
 
 class Command(BaseCommand):
     help = (
-        "Train the learned conductor with GRPO on recorded outcomes and register it as a conductor version."
+        "Train the learned conductor with GRPO on recorded outcomes and register it as a conductor version "
+        "(a training job, run here instead of on the training queue)."
     )
 
     def add_arguments(self, parser):
@@ -24,45 +22,26 @@ class Command(BaseCommand):
         parser.add_argument("--activate", action="store_true", help="make it the active conductor")
 
     def handle(self, *args, **o):
-        if ConductorVersion.objects.filter(name=o["name"]).exists():
-            raise CommandError(f"conductor version {o['name']!r} exists; choose another name")
+        actor = Actor.service("train_conductor")
         try:
-            items = replay.read_items(replay.split_path(o["split"]))
-        except replay.ReplayDataError as exc:
-            raise CommandError(str(exc)) from exc
-        items = items[: o["limit"]] if o["limit"] else items
-        policy = Policy.new(default_actions(sorted(items[0].outcomes)))
-        started = time.monotonic()
-        curve = train(policy, items, GRPOConfig(epochs=o["epochs"]))
-        path = settings.VAR_DIR / "policies" / f"{o['name']}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(policy.to_json())
-        with transaction.atomic():
-            version = ConductorVersion.objects.create(
+            job = job_start(
                 name=o["name"],
-                backend=ConductorVersion.Backend.LEARNED,
-                config={
-                    "policy_path": str(path),
-                    "split": o["split"],
-                    "items": len(items),
-                    "epochs": o["epochs"],
-                },
-                notes=f"GRPO on {len(items)} recorded items; mean reward {curve[0]:.3f} -> {curve[-1]:.3f}",
+                backend=TrainingJob.Backend.LEARNED,
+                dataset=None,
+                options={"split": o["split"], "epochs": o["epochs"], "limit": o["limit"]},
+                actor=actor,
+                queue=False,
             )
-            event_record(
-                actor=Actor.service("train_conductor"),
-                action="conductorversion.registered",
-                obj=version,
-                payload={
-                    "backend": "learned",
-                    "items": len(items),
-                    "reward_first": curve[0],
-                    "reward_last": curve[-1],
-                },
-            )
+        except TrainingError as exc:
+            raise CommandError(str(exc)) from exc
+        train_job(job.pk)
+        job.refresh_from_db()
+        if job.status != JobStatus.SUCCEEDED:
+            raise CommandError(f"training {job.name} {job.status}: {job.error}")
         if o["activate"]:
-            conductor_activate(version=version, actor=Actor.service("train_conductor"))
+            conductor_activate(version=job.candidate, actor=actor)
+        elapsed = (job.finished_at - job.started_at).total_seconds()
         self.stdout.write(
-            f"{version.name}: {len(items)} items, {o['epochs']} epochs in {time.monotonic() - started:.1f}s, "
-            f"mean reward {curve[0]:.3f} -> {curve[-1]:.3f}{' (active)' if o['activate'] else ''}"
+            f"{job.name}: {job.candidate.notes}; {o['epochs']} epochs in {elapsed:.1f}s"
+            + (" (active)" if o["activate"] else "")
         )
