@@ -1,8 +1,10 @@
 """Admin for what changes the rules: every save is an audit event in the same transaction."""
 
+from django import forms
 from django.contrib import admin
 from django.db import transaction
 
+from . import policies
 from .models import LegalHold, PolicyRule
 from .services import Actor, event_record
 
@@ -28,8 +30,35 @@ class AuditedAdmin(admin.ModelAdmin):
         return False  # the record refers to them; disable instead
 
 
+class PolicyRuleForm(forms.ModelForm):
+    """Values are checked by PolicyRule.clean() (audit.policies.rule_values_check, against the values
+    routing registers); the form lists those values and records the normalised ones."""
+
+    LISTS = ("vendors", "regions", "data_classes")
+
+    class Meta:
+        model = PolicyRule
+        fields = ["name", "kind", "data_classes", "vendors", "regions", "description", "enabled"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        known = policies.known_values()
+        for field in self.LISTS:
+            listed = ", ".join(known[field]) or "none yet (no worker is registered)"
+            base = self.fields[field].help_text
+            self.fields[field].help_text = f"{base + '. ' if base else ''}Comma-separated; known: {listed}"
+
+    def clean(self):
+        data = super().clean()
+        for field in self.LISTS:
+            if data.get(field) is not None:
+                data[field] = policies.normalise_all(data[field])
+        return data
+
+
 @admin.register(PolicyRule)
 class PolicyRuleAdmin(AuditedAdmin):
+    form = PolicyRuleForm
     list_display = ["name", "kind", "data_classes", "vendors", "regions", "enabled"]
     list_filter = ["kind", "enabled"]
 

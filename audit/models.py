@@ -8,6 +8,8 @@ TRUNCATE (see the migrations), so a change made behind the app's back shows up i
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
@@ -118,6 +120,32 @@ class PolicyRule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Stored as compared (lower-case, stripped), however the rule was made.
+        from .policies import normalise_all
+
+        self.vendors = normalise_all(self.vendors or [])
+        self.regions = normalise_all(self.regions or [])
+        self.data_classes = normalise_all(self.data_classes or [])
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        # Vendors and regions must be those of registered workers, data classes known ones: a rule
+        # naming anything else would match nothing (audit.policies.rule_values_check says which).
+        from .policies import rule_values_check  # policies imports this module
+
+        values = rule_values_check(
+            kind=self.kind,
+            vendors=self.vendors or [],
+            regions=self.regions or [],
+            data_classes=self.data_classes or [],
+        )
+        self.vendors, self.regions, self.data_classes = (
+            values["vendors"],
+            values["regions"],
+            values["data_classes"],
+        )
 
 
 class Role(models.TextChoices):

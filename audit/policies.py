@@ -2,16 +2,159 @@
 
 Two layers: a worker's own clearance (the data classes it may receive, set on the worker) and the
 policy rules (data class to self-hosted only, vendor opted out, allowed regions).
+
+A rule's vendors, regions and data classes are compared lower-case and stripped, and must be known:
+a rule naming a vendor no worker has (a typo, "Google" for "google") would block nothing. What is
+known comes from the app that owns the workers, registered here with `vocabulary_register` (audit
+sits below routing and does not import it): routing registers its workers' vendors and regions and
+its data classes when it starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import transaction
+
 from .models import PolicyRule
+from .services import event_record
 
 CLEARANCE_RULE = "worker-clearance"
+
+
+# --- what a rule may name --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Where the known values come from: each a callable, read at every check (workers change)."""
+
+    vendors: Callable[[], Iterable[str]]
+    regions: Callable[[], Iterable[str]]
+    data_classes: Callable[[], Iterable[str]]
+
+
+_vocabulary: Vocabulary | None = None
+
+
+def vocabulary_register(
+    *,
+    vendors: Callable[[], Iterable[str]],
+    regions: Callable[[], Iterable[str]],
+    data_classes: Callable[[], Iterable[str]],
+) -> None:
+    """Called by the app that owns the workers (routing, in its AppConfig.ready)."""
+    global _vocabulary
+    _vocabulary = Vocabulary(vendors=vendors, regions=regions, data_classes=data_classes)
+
+
+def _registered() -> Vocabulary:
+    if _vocabulary is None:
+        raise ImproperlyConfigured("no policy vocabulary registered: routing registers it when it starts")
+    return _vocabulary
+
+
+def normalise(value: str) -> str:
+    return value.strip().lower()
+
+
+def normalise_all(values: Iterable[str]) -> list[str]:
+    """Lower-case, stripped, blanks dropped, each once (in the order given)."""
+    return list(dict.fromkeys(v for v in (normalise(value) for value in values) if v))
+
+
+def known_values() -> dict[str, list[str]]:
+    """The values a rule may name, per field: vendors and regions of the registered workers, data classes."""
+    vocabulary = _registered()
+    return {
+        "vendors": sorted(set(normalise_all(vocabulary.vendors()))),
+        "regions": sorted(set(normalise_all(vocabulary.regions()))),
+        "data_classes": normalise_all(vocabulary.data_classes()),
+    }
+
+
+FIELD_WORDS = {
+    "vendors": ("vendor", "vendors", "the vendors of the registered workers"),
+    "regions": ("region", "regions", "the regions of the registered workers"),
+    "data_classes": ("data class", "data classes", "the data classes"),
+}
+# The field each kind of rule needs: without it the rule would match nothing (a vendor block with no
+# vendor) or everything (an allowed-regions rule with no region).
+REQUIRED = {
+    PolicyRule.Kind.VENDOR_BLOCKED: "vendors",
+    PolicyRule.Kind.REGION_ALLOWED: "regions",
+}
+# Fields a kind of rule does not read: a value there would be ignored, silently.
+UNUSED = {
+    PolicyRule.Kind.SELF_HOSTED_ONLY: ("vendors", "regions"),
+    PolicyRule.Kind.VENDOR_BLOCKED: ("regions",),
+    PolicyRule.Kind.REGION_ALLOWED: ("vendors",),
+}
+
+
+def rule_values_check(
+    *, kind: str, vendors: Iterable[str], regions: Iterable[str], data_classes: Iterable[str]
+) -> dict[str, list[str]]:
+    """A rule's values, normalised, or ValidationError naming each refused field and the known values.
+
+    The one check of a rule's values: PolicyRule.clean() runs it, so the admin's form and
+    `policy_rule_save` both go through it.
+    """
+    given = {
+        "vendors": normalise_all(vendors),
+        "regions": normalise_all(regions),
+        "data_classes": normalise_all(data_classes),
+    }
+    known = known_values()
+    errors: dict[str, list[str]] = {}
+    for field, values in given.items():
+        one, many, source = FIELD_WORDS[field]
+        if values and field in UNUSED.get(kind, ()):
+            errors[field] = [f"a {kind} rule does not use {many}: leave this empty"]
+            continue
+        unknown = [v for v in values if v not in known[field]]
+        if unknown:
+            listed = ", ".join(known[field]) or "none (no worker is registered yet)"
+            errors[field] = [
+                f"unknown {one if len(unknown) == 1 else many}: {', '.join(unknown)}; "
+                f"known ({source}): {listed}"
+            ]
+    required = REQUIRED.get(kind)
+    if required and not given[required] and required not in errors:
+        one, many, source = FIELD_WORDS[required]
+        listed = ", ".join(known[required]) or "none (no worker is registered yet)"
+        errors[required] = [f"a {kind} rule needs at least one {one}; known ({source}): {listed}"]
+    if errors:
+        raise ValidationError(errors)
+    return given
+
+
+def policy_rule_save(*, rule: PolicyRule, actor: Any, via: str) -> PolicyRule:
+    """Check and store a rule (new or changed), with its audit event, in one transaction."""
+    rule.full_clean()
+    created = rule.pk is None
+    with transaction.atomic():
+        rule.save()
+        event_record(
+            actor=actor,
+            action=f"policyrule.{'registered' if created else 'updated'}",
+            obj=rule,
+            payload={
+                "via": via,
+                "kind": rule.kind,
+                "vendors": rule.vendors,
+                "regions": rule.regions,
+                "data_classes": rule.data_classes,
+                "enabled": rule.enabled,
+            },
+        )
+    return rule
+
+
+# --- judging -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -27,7 +170,7 @@ class Verdict:
 
 
 def _applies(rule: PolicyRule, classification: str) -> bool:
-    return not rule.data_classes or classification in rule.data_classes
+    return not rule.data_classes or normalise(classification) in normalise_all(rule.data_classes)
 
 
 def judge(worker: Any, classification: str, rules: list[PolicyRule]) -> Verdict:
@@ -51,7 +194,9 @@ def judge(worker: Any, classification: str, rules: list[PolicyRule]) -> Verdict:
                 rule.name,
                 f"{classification} data goes to self-hosted workers only; {worker.slug} is hosted by {worker.vendor}",
             )
-        if rule.kind == PolicyRule.Kind.VENDOR_BLOCKED and worker.vendor in rule.vendors:
+        if rule.kind == PolicyRule.Kind.VENDOR_BLOCKED and normalise(worker.vendor) in normalise_all(
+            rule.vendors
+        ):
             return Verdict(
                 worker.slug,
                 worker.vendor,
@@ -59,7 +204,9 @@ def judge(worker: Any, classification: str, rules: list[PolicyRule]) -> Verdict:
                 rule.name,
                 f"vendor {worker.vendor} may not receive {classification} data",
             )
-        if rule.kind == PolicyRule.Kind.REGION_ALLOWED and worker.region not in rule.regions:
+        if rule.kind == PolicyRule.Kind.REGION_ALLOWED and normalise(worker.region) not in normalise_all(
+            rule.regions
+        ):
             return Verdict(
                 worker.slug,
                 worker.vendor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -11,13 +10,12 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 from django.views.decorators.http import require_POST
 
 from routing import selectors as routing_selectors
-from routing.models import Task
+from routing.models import DataClass, Task
 
-from . import selectors
+from . import params, selectors
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
 from .models import Role
 from .roles import request_roles, role_required
@@ -27,42 +25,31 @@ from .verify import verify
 AUDIT_ROLES = (Role.AUDITOR,)
 
 
-def _when(value: str | None, *, end: bool = False) -> datetime | None:
-    if not value:
-        return None
-    moment = parse_datetime(value)
-    if moment is None:
-        day = parse_date(value)
-        if day is None:
-            return None
-        moment = datetime.combine(day, datetime.max.time() if end else datetime.min.time())
-    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
-
-
 def _filter(request: HttpRequest) -> selectors.EventFilter:
     get = request.GET
+    since, until = params.period(get)
     return selectors.EventFilter(
-        action=get.get("action", "").strip(),
-        actor=get.get("actor", "").strip(),
-        task_id=get.get("task", "").strip(),
-        object_type=get.get("object_type", "").strip(),
-        chain=get.get("chain", "").strip(),
-        q=get.get("q", "").strip(),
-        since=_when(get.get("since")),
-        until=_when(get.get("until"), end=True),
+        action=params.text(get, "action"),
+        actor=params.text(get, "actor"),
+        task_id=params.uuid(get, "task"),
+        object_type=params.text(get, "object_type"),
+        chain=params.text(get, "chain"),
+        q=params.text(get, "q"),
+        since=since,
+        until=until,
     )
 
 
 @role_required(*AUDIT_ROLES)
 def event_log(request: HttpRequest) -> HttpResponse:
     flt = _filter(request)
-    before = request.GET.get("before")
-    rows, next_before = selectors.event_page(flt, before=int(before) if before and before.isdigit() else None)
-    params = flt.as_params()
+    before = params.integer(request.GET, "before", minimum=1, maximum=2**63 - 1)
+    rows, next_before = selectors.event_page(flt, before=before)
+    applied = flt.as_params()
     return render(
         request,
         "audit/event_log.html",
-        {"events": rows, "next_before": next_before, "filters": request.GET, "query": urlencode(params)},
+        {"events": rows, "next_before": next_before, "filters": request.GET, "query": urlencode(applied)},
     )
 
 
@@ -71,17 +58,17 @@ def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "jsonl"):
         raise Http404("exports are .csv or .jsonl")
     flt = _filter(request)
-    params = flt.as_params()
+    applied = flt.as_params()
     qs = selectors.events(flt)
-    with_transaction_event(request, "audit.exported", payload={"format": fmt, "filters": params})
+    with_transaction_event(request, "audit.exported", payload={"format": fmt, "filters": applied})
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     if fmt == "csv":
         response = StreamingHttpResponse(
-            stream_csv(qs, filters=params), content_type="text/csv; charset=utf-8"
+            stream_csv(qs, filters=applied), content_type="text/csv; charset=utf-8"
         )
     else:
         response = StreamingHttpResponse(
-            stream_jsonl(qs, filters=params), content_type="application/x-ndjson"
+            stream_jsonl(qs, filters=applied), content_type="application/x-ndjson"
         )
     response["Content-Disposition"] = f'attachment; filename="audit-events-{stamp}.{fmt}"'
     reference = checkpoint_reference()
@@ -101,6 +88,17 @@ def with_transaction_event(
         )
 
 
+def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """What the conductor weighed for step `index`, as (label, p) whatever the backend's shape:
+    an LLM's candidate tokens (with the workers they begin), or the learned policy's workflows."""
+    entry = next((a for a in alternatives if a.get("step") == index), None)
+    weighed = []
+    for c in (entry or {}).get("candidates") or []:
+        label = c.get("workflow") or "/".join(c.get("workers") or []) or c.get("token") or "?"
+        weighed.append({"label": label, "p": c.get("p") or 0})
+    return weighed
+
+
 def _dossier_context(task: Task) -> dict[str, Any]:
     runs = list(task.runs.all())
     for run in runs:
@@ -111,9 +109,7 @@ def _dossier_context(task: Task) -> dict[str, Any]:
             decision = by_decision.get(step.decision_id)
             step.why_thought = decision.plan.get("thought", "") if decision and decision.plan else ""
             alternatives = decision.alternatives if decision else []
-            step.why_alternatives = (
-                alternatives[step.index]["candidates"] if step.index < len(alternatives) else []
-            )
+            step.why_alternatives = _weighed(alternatives, step.index)
             verdicts = (decision.policy_checks or {}).get("steps", []) if decision else []
             step.policy = next((v for v in verdicts if v.get("index") == step.index), None)
             indices = list(range(step.index)) if step.access == "all" else list(step.access or [])
@@ -175,9 +171,10 @@ def hold(request: HttpRequest, task_id) -> HttpResponse:
 
 @role_required(*AUDIT_ROLES)
 def vendor_report(request: HttpRequest) -> HttpResponse:
-    since, until = _when(request.GET.get("since")), _when(request.GET.get("until"), end=True)
+    since, until = params.period(request.GET)
     rows = selectors.vendor_exposure(since=since, until=until)
-    vendor, classification = request.GET.get("vendor"), request.GET.get("classification")
+    vendor = params.text(request.GET, "vendor")
+    classification = params.choice(request.GET, "classification", DataClass.values)
     tasks = (
         selectors.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
         if vendor and classification
@@ -198,7 +195,7 @@ def vendor_report(request: HttpRequest) -> HttpResponse:
 
 @role_required(*AUDIT_ROLES)
 def policy_report(request: HttpRequest) -> HttpResponse:
-    since, until = _when(request.GET.get("since")), _when(request.GET.get("until"), end=True)
+    since, until = params.period(request.GET)
     return render(
         request,
         "audit/policy_report.html",

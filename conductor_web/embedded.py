@@ -14,6 +14,7 @@ import secrets
 import subprocess
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -107,9 +108,18 @@ def _redis_answers(socket_path: Path) -> bool:
         return False
 
 
-def stop(var_dir: Path) -> list[str]:
-    """Stop the embedded servers under var_dir; returns what was stopped."""
-    stopped = []
+def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
+    """Stop everything that runs under var_dir; returns what was stopped.
+
+    First the processes recorded there (`make demo` records itself and the web server, workers and
+    beat it starts): a parent first, so that it stops its own children, then whatever is left, whole
+    process groups, with SIGTERM and, after `grace` seconds, SIGKILL. Then the embedded Redis and
+    PostgreSQL, which those processes used.
+    """
+    records = _process_records(var_dir)
+    parents = [r["name"] for r in records if not r.get("pgid")]
+    stopped = processes_stop(var_dir, parents, grace=grace + 5) if parents else []
+    stopped += processes_stop(var_dir, grace=grace)
     socket_path = var_dir / "redis" / "redis.sock"
     if _redis_answers(socket_path):
         import redis
@@ -128,6 +138,136 @@ def stop(var_dir: Path) -> list[str]:
         del server
         stopped.append("postgres")
     return stopped
+
+
+# Processes started for var_dir (by `manage.py demo`) are recorded in var_dir/run/<name>.json, so that
+# `manage.py services stop` can stop them when whoever started them could not (killed, or a crash).
+# A record names the process, its process group when it leads one of its own (then the whole group is
+# stopped: a Celery worker's pool processes too), its command line and its start time, so that a pid
+# reused by an unrelated process is never signalled.
+
+
+def process_record(var_dir: Path, name: str, pid: int, *, group: bool) -> None:
+    """Record a running process; group: it leads its own process group, which is stopped as a whole."""
+    import json
+    import os
+
+    import psutil
+
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        record = {
+            "name": name,
+            "pid": pid,
+            "pgid": os.getpgid(pid) if group else None,
+            "cmdline": proc.cmdline(),
+            "started": proc.create_time(),
+        }
+    path = _process_dir(var_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def process_forget(var_dir: Path, name: str) -> None:
+    (_process_dir(var_dir) / f"{name}.json").unlink(missing_ok=True)
+
+
+def process_running(var_dir: Path, name: str) -> int | None:
+    """The pid of the recorded process `name` if it still runs."""
+    record = next((r for r in _process_records(var_dir) if r["name"] == name), None)
+    return record["pid"] if record and _process_members(record) else None
+
+
+def processes_stop(
+    var_dir: Path,
+    names: list[str] | None = None,
+    *,
+    grace: float = 10.0,
+    hurry: Callable[[], bool] | None = None,
+) -> list[str]:
+    """Stop the recorded processes `names` (all: None) and forget them; returns the names that ran.
+
+    SIGTERM to each (to its whole process group when it leads one), then SIGKILL to whatever is still
+    there after `grace` seconds, or as soon as `hurry()` says so (a second Ctrl-C).
+    """
+    import signal
+
+    records = [r for r in _process_records(var_dir) if names is None or r["name"] in names]
+    running = [r for r in records if _process_members(r)]
+    for record in running:
+        _process_signal(record, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = running
+    while left and time.monotonic() < deadline and not (hurry and hurry()):
+        time.sleep(0.2)
+        left = [r for r in left if _process_members(r)]
+    for record in left:
+        _process_signal(record, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [r for r in left if _process_members(r)]
+    for record in records:
+        process_forget(var_dir, record["name"])
+    return [r["name"] for r in running]
+
+
+def _process_dir(var_dir: Path) -> Path:
+    return var_dir / "run"
+
+
+def _process_records(var_dir: Path) -> list[dict]:
+    import json
+
+    records = []
+    for path in sorted(_process_dir(var_dir).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and {"name", "pid", "cmdline", "started"} <= record.keys():
+            records.append(record)
+    return records
+
+
+def _process_members(record: dict) -> list:
+    """The live processes of a record (its whole group when it has one); none once its ids are reused.
+
+    The group is the record's when its leader is the recorded process (same pid, same start time) or,
+    the leader gone, a member runs the recorded command line (a Celery worker's pool processes).
+    """
+    import os
+
+    import psutil
+
+    members, ours = [], False
+    for proc in psutil.process_iter(["cmdline", "create_time", "status"]):
+        info = proc.info
+        if info["status"] == psutil.STATUS_ZOMBIE or (info["create_time"] or 0) < record["started"] - 1:
+            continue
+        try:
+            belongs = (
+                os.getpgid(proc.pid) == record["pgid"] if record.get("pgid") else proc.pid == record["pid"]
+            )
+        except OSError:  # gone meanwhile
+            continue
+        if belongs:
+            members.append(proc)
+            leader = proc.pid == record["pid"] and abs(info["create_time"] - record["started"]) < 0.5
+            ours = ours or leader or info["cmdline"] == record["cmdline"]
+    return members if ours else []
+
+
+def _process_signal(record: dict, signum: int) -> None:
+    import os
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if record.get("pgid"):
+            os.killpg(record["pgid"], signum)
+        else:
+            os.kill(record["pid"], signum)
 
 
 def _is_root() -> bool:

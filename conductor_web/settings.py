@@ -65,6 +65,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so that its 400 page has the user and messages; refuses NUL or non-UTF-8 query strings.
+    "conductor_web.request_checks.BadRequestMiddleware",
+    # Refuses form bodies that are not valid UTF-8 (Django would store them with U+FFFD). Before any
+    # view runs (in __call__, so before the CSRF check reads the form), after what its 400 page uses.
+    "conductor_web.middleware.Utf8BodyMiddleware",
 ]
 
 ROOT_URLCONF = "conductor_web.urls"
@@ -94,12 +99,22 @@ REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(VAR_DIR)
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
     raise ConfigError("DATABASE_URL must point at PostgreSQL (postgres://...)")
+# A Unix-socket URL (`...@/db?host=/dir`, what the embedded server gives) parses into OPTIONS["host"];
+# HOST is where Django, and everything that rebuilds a URL from these settings for another process
+# (workers, the web server started by tests), looks for it.
+if not DATABASES["default"]["HOST"] and DATABASES["default"]["OPTIONS"].get("host"):
+    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# channels-redis waits for messages with a blocking pop of 5 s (RedisChannelLayer.brpop_timeout);
+# redis-py (8+) gives every connection a 5 s socket timeout unless told otherwise, so an idle wait
+# raised TimeoutError, which killed the consumer and dropped every idle websocket after ~5 s. The
+# read timeout must outlast the blocking pop (it still bounds a hung Redis). A socket_timeout in
+# REDIS_URL's query string would override this one: leave it out of REDIS_URL.
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}]},
     }
 }
 
@@ -197,7 +212,14 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "routing.pagination.CreatedCursorPagination",
+    "DEFAULT_PARSER_CLASSES": [
+        "conductor_web.parsers.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "PAGE_SIZE": 50,
+    # Every error answers {"detail": "...", "errors": {field: [...]}} (errors: validation errors only).
+    "EXCEPTION_HANDLER": "conductor_web.api_errors.api_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Conductor Web API",
@@ -211,6 +233,11 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "training.models.JobStatus",
         "DataClassEnum": "routing.models.DataClass",
     },
+    # The default enum hook, then the error statuses of every operation (one Error component).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "conductor_web.api_errors.error_responses_postprocess",
+    ],
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------

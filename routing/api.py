@@ -1,16 +1,18 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from audit import params
 from audit.models import Role
 from audit.roles import EVERYONE
 from audit.services import record_viewed
 
-from . import selectors
-from .models import Task
+from . import limits, selectors
+from .models import DataClass, RunStatus, Task
 from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
 from .services import IdempotencyConflict, SubmissionError, TaskSubmission, task_submit
 
@@ -22,9 +24,11 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     def get_queryset(self):
         if self.action == "retrieve":
             return Task.objects.all()
-        params = self.request.query_params
+        query = self.request.query_params
         return selectors.task_list(
-            status=params.get("status"), classification=params.get("classification"), search=params.get("q")
+            status=params.choice(query, "status", RunStatus.values),
+            classification=params.choice(query, "classification", DataClass.values),
+            search=params.text(query, "q"),
         )
 
     def get_serializer_class(self):
@@ -37,22 +41,22 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
     @extend_schema(
         request=TaskSubmitInput,
-        responses={201: TaskDetailOutput, 200: TaskDetailOutput},
+        responses={
+            201: TaskDetailOutput,
+            200: TaskDetailOutput,
+            409: OpenApiResponse(description="The idempotency key was already used for a different task"),
+        },
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
-        description="Submit a task. The same idempotency key (body or Idempotency-Key header) returns the same task.",
+        description="Submit a task. The same idempotency key (body or Idempotency-Key header) returns the same "
+        "task; giving both with different keys is refused.",
     )
     def create(self, request: Request) -> Response:
         data = TaskSubmitInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        values["idempotency_key"] = (
-            values.get("idempotency_key") or request.headers.get("Idempotency-Key") or None
+        values["idempotency_key"] = _idempotency_key(
+            values.get("idempotency_key") or None, request.headers.get("Idempotency-Key") or None
         )
-        if values["idempotency_key"] is not None and len(values["idempotency_key"]) > 200:
-            return Response(
-                {"detail": "the Idempotency-Key header is longer than 200 characters"},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
         if values.get("reference") == "":
             values["reference"] = None
         try:
@@ -65,6 +69,24 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
             return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
         body = TaskDetailOutput(selectors.task_detail(task_id=task.pk)).data
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _idempotency_key(field: str | None, header: str | None) -> str | None:
+    """The key of the body's idempotency_key field or of the Idempotency-Key header; both only if equal."""
+    if header is not None and len(header) > limits.IDEMPOTENCY_KEY_MAX_CHARS:
+        raise ValidationError(
+            f"the Idempotency-Key header is longer than {limits.IDEMPOTENCY_KEY_MAX_CHARS} characters"
+        )
+    if field is not None and header is not None and field != header:
+        raise ValidationError(
+            {
+                "idempotency_key": [
+                    f"the idempotency_key field ({field!r}) and the Idempotency-Key header ({header!r}) "
+                    "differ; send one key, or the same key in both"
+                ]
+            }
+        )
+    return field or header
 
 
 class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

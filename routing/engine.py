@@ -629,13 +629,16 @@ def _call_worker(run: Run, step: Step) -> None:
             last = not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
             _attempt_failed(run, step, attempt, exc, latency_ms=latency_ms)
             if last:
-                message = (
-                    f"step {step.index} ({step.worker_slug}) failed after {made} attempt(s): {exc.status}"
-                    + (f" (HTTP {exc.http_status})" if exc.http_status else "")
-                    + f": {exc}"
-                )
+                if exc.code:  # a known outcome (the replay pool has no answer): its own words, its own reason
+                    message = f"step {step.index} ({step.worker_slug}): {exc}"
+                else:
+                    message = (
+                        f"step {step.index} ({step.worker_slug}) failed after {made} attempt(s): {exc.status}"
+                        + (f" (HTTP {exc.http_status})" if exc.http_status else "")
+                        + f": {exc}"
+                    )
                 _step_failed(run, step, message)
-                raise RunStopped(message, stop_reason="step_failed") from exc
+                raise RunStopped(message, stop_reason=exc.code or "step_failed") from exc
             time.sleep(_backoff(made, exc.retry_after))
             number += 1
             continue
@@ -681,6 +684,7 @@ def _attempt_failed(
                 "status": exc.status,
                 "http_status": exc.http_status,
                 "error": str(exc),
+                "code": exc.code,
                 "vendor": step.vendor,
                 "retryable": exc.retryable,
             },
@@ -850,6 +854,7 @@ def _finish(run: Run, root: Decision) -> None:
             Task.objects.filter(pk=task.pk).update(
                 status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, error=""
             )
+        _settle_steps(run, now, reason="the run finished without it")
         totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
         _audit(
             run,
@@ -871,6 +876,7 @@ def _finish(run: Run, root: Decision) -> None:
 def _fail(run: Run, message: str, stop_reason: str) -> None:
     now = timezone.now()
     with transaction.atomic():
+        _settle_steps(run, now, reason=f"the run stopped ({stop_reason}): {message}")
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
         )
@@ -886,6 +892,44 @@ def _fail(run: Run, message: str, stop_reason: str) -> None:
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)
         _settle_training_task(run, now)
+
+
+def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
+    """Every step of an ending run, nested levels included, ends in a terminal state with the reason.
+
+    Call inside the transaction that ends the run, before its chain is sealed. A step that never
+    started is skipped; one left running (an unexpected error stopped the run mid-step) failed. Each
+    change is an engine event, like any other change of a step's state.
+    """
+    unsettled = list(
+        Step.objects.select_for_update(of=("self",))
+        .filter(run=run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])
+        .order_by("depth", "decision_id", "index")
+    )
+    for step in unsettled:
+        if step.status == StepStatus.PENDING:
+            step.status = StepStatus.SKIPPED
+            step.note = f"not run: {reason}"
+            action = "step.skipped"
+        else:
+            step.status = StepStatus.FAILED
+            step.error = f"interrupted: {reason}"
+            action = "step.failed"
+        step.finished_at = now
+        step.save(update_fields=["status", "note", "error", "finished_at"])
+        _audit(
+            run,
+            action,
+            step,
+            {
+                "index": step.index,
+                "depth": step.depth,
+                "worker": step.worker_slug,
+                "error": step.error if action == "step.failed" else "",
+                "note": step.note if action == "step.skipped" else "",
+                "settled_with_run": True,
+            },
+        )
 
 
 def _settle_training_task(run: Run, now: Any) -> None:

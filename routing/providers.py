@@ -24,6 +24,24 @@ from .models import Attempt
 
 REPLAY_PROVIDER = "replay"
 
+NO_RECORDED_ANSWER = "no_recorded_answer"  # ProviderCallError.code: the replay pool cannot answer this
+NO_RECORDED_ANSWER_MESSAGE = (
+    "replay pool: no recorded answer for this text; the offline pool only answers the benchmark items "
+    "it recorded (pick a sample task on the submit page)"
+)
+
+
+class ReplayNoRecording(CustomLLMError):
+    """The replay pool has no recorded answer for the request: an intended outcome, not an outage.
+
+    Raised inside litellm's call and found again on the exception chain by classify(), which turns it
+    into a non-retryable ProviderCallError carrying this plain message and the NO_RECORDED_ANSWER code.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(status_code=404, message=message)
+        self.plain_message = message
+
 
 class ReplayProvider(CustomLLM):
     """Answers a benchmark item with the response the named model really gave."""
@@ -34,10 +52,13 @@ class ReplayProvider(CustomLLM):
         texts = [m.get("content") or "" for m in messages if isinstance(m.get("content"), str)]
         item = replay.find_item(item_id=metadata.get("replay_item"), texts=texts)
         if item is None:
-            raise CustomLLMError(status_code=404, message="no recorded item matches this request")
+            raise ReplayNoRecording(NO_RECORDED_ANSWER_MESSAGE)
         outcome = item.outcomes.get(model)
         if outcome is None:
-            raise CustomLLMError(status_code=404, message=f"no recorded outcome of {model} for {item.id}")
+            raise ReplayNoRecording(
+                f"replay pool: {model} has no recorded answer for benchmark item {item.id}; "
+                "give this step to a model of the pool that has one"
+            )
         delay = settings.CONDUCTOR_REPLAY_LATENCY_S
         if delay:
             time.sleep(delay)
@@ -79,15 +100,24 @@ class Completion:
 
 class ProviderCallError(Exception):
     def __init__(
-        self, status: str, message: str, *, http_status: int | None = None, retry_after: float | None = None
+        self,
+        status: str,
+        message: str,
+        *,
+        http_status: int | None = None,
+        retry_after: float | None = None,
+        code: str = "",
     ):
         super().__init__(message)
         self.status = status
         self.http_status = http_status
         self.retry_after = retry_after
+        self.code = code  # a known, intended outcome (NO_RECORDED_ANSWER); "" for ordinary failures
 
     @property
     def retryable(self) -> bool:
+        if self.code:
+            return False  # asking again gets the same answer
         return self.status in {
             Attempt.Status.TIMEOUT,
             Attempt.Status.RATE_LIMITED,
@@ -110,7 +140,25 @@ def _retry_after(exc: Exception) -> float | None:
     return None
 
 
+def _replay_no_recording(exc: BaseException) -> ReplayNoRecording | None:
+    """The replay provider's own exception, kept by litellm on the chain of the one it raises."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        if isinstance(current, ReplayNoRecording):
+            return current
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
 def classify(exc: Exception) -> ProviderCallError:
+    no_recording = _replay_no_recording(exc)
+    if no_recording is not None:
+        # Shown as is: no litellm exception names, no retries (the pool would answer the same).
+        return ProviderCallError(
+            Attempt.Status.CLIENT_ERROR, no_recording.plain_message[:2000], code=NO_RECORDED_ANSWER
+        )
     status_code = getattr(exc, "status_code", None)
     message = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
     message = message[:2000]

@@ -102,6 +102,40 @@ def find_item(*, item_id: str | None, texts: list[str]) -> ReplayItem | None:
     return None
 
 
+SAMPLE_SPLIT = "dev"  # held out from the learned conductor's training (the train split)
+
+
+@lru_cache(maxsize=4)
+def _samples(directory: str, per_domain: int, split: str) -> tuple[ReplayItem, ...]:
+    items = read_items(split_path(split, Path(directory)))
+    by_domain: dict[str, list[ReplayItem]] = {}
+    for item in items:
+        by_domain.setdefault(item.domain, []).append(item)
+    # The shortest texts of each domain (they read at a glance on the submit form), ties by id; the
+    # domain with the shortest text first.
+    shortest = [sorted(group, key=lambda i: (len(i.task), i.id))[:per_domain] for group in by_domain.values()]
+    shortest.sort(key=lambda group: (len(group[0].task), group[0].domain))
+    return tuple(item for group in shortest for item in group)
+
+
+def sample_items(*, per_domain: int = 2, split: str = SAMPLE_SPLIT) -> list[ReplayItem]:
+    """A few recorded items per benchmark domain, offered as sample tasks (the replay pool answers
+    them); none when no replay data is configured. A broken replay folder raises ReplayDataError."""
+    if settings.REPLAY_DIR is None:
+        return []
+    return list(_samples(str(replay_dir()), per_domain, split))
+
+
+def sample_label(item: ReplayItem, *, width: int = 100) -> str:
+    """A one-line label for a sample: its text, or for a CRUXEval item (shared instructions, then
+    code) the assertion it asks about."""
+    text = " ".join(item.task.split())
+    if "[PYTHON]" in item.task:
+        asserts = [line.strip() for line in item.task.splitlines() if line.strip().startswith("assert ")]
+        text = asserts[-1] if asserts else text
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
 def response_text(raw: str) -> str:
     """Recorded responses are sometimes a Python list of strings; return the text itself."""
     stripped = raw.strip()

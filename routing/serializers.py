@@ -1,29 +1,44 @@
 from __future__ import annotations
 
-from decimal import Decimal
-
+from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from training.scorers import SCORER_CHOICES
 
+from . import limits
 from .models import Attempt, ConductorVersion, DataClass, Decision, Run, Step, Task, Worker
-from .plans import MAX_STEPS
 
 
 class TaskSubmitInput(serializers.Serializer):
+    # The limits are routing.limits' validators, shared with the web form and the service.
     text = serializers.CharField(trim_whitespace=False, allow_blank=False)
     reference = serializers.CharField(
         required=False, allow_null=True, allow_blank=True, trim_whitespace=False
     )
     classification = serializers.ChoiceField(choices=DataClass.choices, default=DataClass.INTERNAL)
-    max_steps = serializers.IntegerField(required=False, min_value=1, max_value=MAX_STEPS * 20)
-    max_depth = serializers.IntegerField(required=False, min_value=0, max_value=5)
+    max_steps = serializers.IntegerField(required=False, validators=limits.MAX_STEPS_VALIDATORS)
+    max_depth = serializers.IntegerField(required=False, validators=limits.MAX_DEPTH_VALIDATORS)
     max_usd = serializers.DecimalField(
-        required=False, max_digits=20, decimal_places=10, min_value=Decimal("0"), max_value=Decimal("100000")
+        required=False,
+        max_digits=None,
+        decimal_places=limits.USD_DECIMAL_PLACES,
+        validators=limits.MAX_USD_VALIDATORS,
+        help_text=f"The task's cost budget in USD, 0 to {limits.MAX_USD}",
     )
-    idempotency_key = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200)
+    idempotency_key = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, validators=limits.IDEMPOTENCY_KEY_VALIDATORS
+    )
     scorer = serializers.ChoiceField(choices=SCORER_CHOICES, default="auto")
-    domain = serializers.CharField(required=False, allow_blank=True, max_length=40, default="")
+    domain = serializers.CharField(
+        required=False, allow_blank=True, max_length=limits.DOMAIN_MAX_CHARS, default=""
+    )
+
+    def validate_text(self, text: str) -> str:
+        try:
+            limits.text_length_check(text)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from exc
+        return text
 
 
 class AttemptOutput(serializers.ModelSerializer):

@@ -7,10 +7,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from audit.services import Actor, event_record
 
+from . import limits
 from .conductors import DEFAULT_STATIC_RULES
 from .models import ConductorVersion, DataClass, Run, Task, Worker
 
@@ -42,11 +44,23 @@ def _check_text(text: str) -> str:
         raise SubmissionError("the task text is empty")
     if "\x00" in text:
         raise SubmissionError("the task text contains a NUL character, which cannot be stored")
-    if len(text) > settings.CONDUCTOR_MAX_TASK_CHARS:
-        raise SubmissionError(
-            f"the task text has {len(text)} characters; at most {settings.CONDUCTOR_MAX_TASK_CHARS} are accepted"
-        )
+    try:
+        limits.text_length_check(text)
+    except ValidationError as exc:
+        raise SubmissionError(" ".join(exc.messages)) from exc
     return text
+
+
+def _check_budgets(submission: TaskSubmission) -> None:
+    # The form and the serializer check these first; this covers the CLI and other callers.
+    try:
+        limits.budgets_check(
+            max_steps=submission.max_steps, max_depth=submission.max_depth, max_usd=submission.max_usd
+        )
+    except ValidationError as exc:
+        raise SubmissionError(
+            "; ".join(f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items())
+        ) from exc
 
 
 def conductor_active() -> ConductorVersion:
@@ -115,6 +129,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
     )
     if max_usd < 0:
         raise SubmissionError("max_usd must not be negative")
+    _check_budgets(submission)
     key = submission.idempotency_key or None
     if key is not None and key.startswith("training:"):
         raise SubmissionError("idempotency keys starting with 'training:' are reserved for training items")

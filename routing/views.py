@@ -3,13 +3,13 @@ from __future__ import annotations
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.utils.dateparse import parse_datetime
 
+from audit import params
 from audit.models import Role
 from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
-from . import analytics, ops, selectors
+from . import analytics, ops, replay, selectors
 from .forms import TaskSubmitForm
 from .models import ConductorVersion, DataClass, RunStatus, Task
 from .services import SubmissionError, TaskSubmission, task_submit
@@ -19,13 +19,13 @@ PAGE_SIZE = 50
 
 @role_required(*EVERYONE)
 def task_list(request: HttpRequest) -> HttpResponse:
-    status = request.GET.get("status") or None
-    classification = request.GET.get("classification") or None
-    search = (request.GET.get("q") or "").strip() or None
+    status = params.choice(request.GET, "status", RunStatus.values) or None
+    classification = params.choice(request.GET, "classification", DataClass.values) or None
+    search = params.text(request.GET, "q") or None
+    before = params.moment(request.GET, "before")
     qs = selectors.task_list(status=status, classification=classification, search=search).order_by(
         "-created_at", "-id"
     )
-    before = parse_datetime(request.GET.get("before", "")) if request.GET.get("before") else None
     if before is not None:
         qs = qs.filter(created_at__lt=before)  # keyset pagination on the created_at index
     tasks = list(qs[: PAGE_SIZE + 1])
@@ -45,11 +45,29 @@ def task_list(request: HttpRequest) -> HttpResponse:
 
 @role_required(Role.OPERATOR)
 def task_submit_view(request: HttpRequest) -> HttpResponse:
-    form = TaskSubmitForm(request.POST or None)
+    # Sample tasks: recorded benchmark items the offline replay pool can answer (free text it cannot).
+    # ?sample=<n> fills the form with one; posted back with the form, it keeps the item's domain and id
+    # while the text is still the item's.
+    try:
+        samples = replay.sample_items()
+    except replay.ReplayDataError:
+        samples = []
+    chosen_key = (request.POST if request.method == "POST" else request.GET).get("sample", "")
+    index = int(chosen_key) if chosen_key.isdecimal() and len(chosen_key) <= 3 else -1
+    chosen = samples[index] if 0 <= index < len(samples) else None
+    initial = (
+        {"text": chosen.task, "reference": chosen.reference, "classification": DataClass.PUBLIC}
+        if chosen is not None
+        else {}
+    )
+    form = TaskSubmitForm(request.POST or None, initial=initial)
     if request.method == "POST" and form.is_valid():
         data = dict(form.cleaned_data)
         data["reference"] = data.get("reference") or None
         data["idempotency_key"] = data.get("idempotency_key") or None
+        # Browsers send a textarea's line breaks as CRLF: the item's text is the same text.
+        if chosen is not None and data["text"].replace("\r\n", "\n").strip() == chosen.task.strip():
+            data["text"], data["domain"], data["source_item"] = chosen.task, chosen.domain, chosen.id
         try:
             task, created = task_submit(
                 submission=TaskSubmission(**data), source=Task.Source.WEB, user=request.user
@@ -60,7 +78,23 @@ def task_submit_view(request: HttpRequest) -> HttpResponse:
             if not created:
                 messages.info(request, "A task with this idempotency key already exists; showing it.")
             return redirect("routing:task-detail", task_id=task.pk)
-    return render(request, "routing/task_submit.html", {"form": form})
+    return render(
+        request,
+        "routing/task_submit.html",
+        {
+            "form": form,
+            "samples": [
+                {
+                    "number": n,
+                    "domain": item.domain,
+                    "label": replay.sample_label(item),
+                    "reference": item.reference,
+                }
+                for n, item in enumerate(samples)
+            ],
+            "sample": str(index) if chosen is not None else "",
+        },
+    )
 
 
 @role_required(*EVERYONE)
@@ -90,10 +124,7 @@ def task_graph(request: HttpRequest, task_id) -> HttpResponse:
 
 @role_required(*EVERYONE)
 def ops_overview(request: HttpRequest) -> HttpResponse:
-    try:
-        minutes = max(1, min(int(request.GET.get("minutes", 15)), 24 * 60))
-    except ValueError:
-        minutes = 15
+    minutes = params.integer(request.GET, "minutes", default=15, minimum=1, maximum=24 * 60)
     context = {"data": ops.overview(minutes=minutes)}
     template = "routing/_ops_body.html" if request.GET.get("partial") else "routing/ops.html"
     return render(request, template, context)
@@ -112,22 +143,16 @@ ANALYTICS_CHARTS = {
 @role_required(*EVERYONE)
 def analytics_page(request: HttpRequest) -> HttpResponse:
     base = analytics.default_filters(days=7)
-    since = (
-        parse_datetime(request.GET.get("since", "") + "T00:00:00+00:00") if request.GET.get("since") else None
-    )
-    until = (
-        parse_datetime(request.GET.get("until", "") + "T23:59:59+00:00") if request.GET.get("until") else None
-    )
+    since, until = params.period(request.GET)
+    conductors = list(ConductorVersion.objects.order_by("name").values_list("name", flat=True))
     filters = analytics.Filters(
         since=since or base.since,
         until=until or base.until,
-        classification=request.GET.get("classification", ""),
-        conductor=request.GET.get("conductor", ""),
+        classification=params.choice(request.GET, "classification", DataClass.values),
+        conductor=params.choice(request.GET, "conductor", conductors),
     )
-    chart = request.GET.get("chart")
+    chart = params.choice(request.GET, "chart", ANALYTICS_CHARTS)
     if chart:
-        if chart not in ANALYTICS_CHARTS:
-            raise Http404("unknown chart")
         response = HttpResponse(analytics.as_csv(ANALYTICS_CHARTS[chart](filters)), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="{chart}.csv"'
         return response
@@ -139,7 +164,7 @@ def analytics_page(request: HttpRequest) -> HttpResponse:
             "data": data,
             "filters": filters,
             "classes": DataClass.choices,
-            "conductors": ConductorVersion.objects.values_list("name", flat=True),
+            "conductors": conductors,
             "query": request.GET.urlencode(),
         },
     )

@@ -32,7 +32,6 @@ from .serializers import (
     DatasetBuildInput,
     DatasetDetailOutput,
     DatasetListOutput,
-    ErrorOutput,
     EvaluationOutput,
     EvaluationStartInput,
     JobDetailOutput,
@@ -51,7 +50,8 @@ READERS = (Role.ML_STAFF, Role.AUDITOR)
 WRITERS = (Role.ML_STAFF,)
 FAILURES = (services.TrainingError, ReplayDataError, ValueError)
 METRICS_PER_PAGE = 2000
-REFUSED = OpenApiResponse(ErrorOutput, description="The service refused the request; detail says why")
+# The body is the API's Error shape (conductor_web.api_errors adds the schema to every error response).
+REFUSED = OpenApiResponse(description="The service refused the request; detail says why")
 
 
 def _refused(exc: Exception) -> Response:
@@ -110,7 +110,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewS
         f"{METRICS_PER_PAGE} at a time.",
     )
     @action(detail=True, methods=["get"])
-    def metrics(self, request: Request, pk: str | None = None) -> Response:
+    def metrics(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
         query = MetricsQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
@@ -133,7 +133,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewS
         description="Ask the job to stop (a queued job is cancelled at once).",
     )
     @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, pk: str | None = None) -> Response:
+    def cancel(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
         try:
             services.job_cancel(job=job, actor=_actor(request))
@@ -181,11 +181,16 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 404: ErrorOutput},
+        responses={
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+            404: OpenApiResponse(description="No such dataset, or no such file in it"),
+        },
         description="One of the dataset's files (train/validation Parquet or JSON Lines, manifest.json).",
     )
     @action(detail=True, methods=["get"], url_path=r"files/(?P<name>[A-Za-z0-9._-]+)", url_name="file")
-    def file(self, request: Request, pk: str | None = None, name: str = "") -> FileResponse:
+    def file(
+        self, request: Request, pk: str | None = None, name: str = "", format: str | None = None
+    ) -> FileResponse:
         files = services.dataset_files(self.get_object())
         if name not in files:
             raise NotFound("no such file in this dataset")
@@ -302,7 +307,7 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
         description="Make this version the active conductor (loading its LoRA adapter into vLLM first, if any).",
     )
     @action(detail=True, methods=["post"])
-    def promote(self, request: Request, name: str | None = None) -> Response:
+    def promote(self, request: Request, name: str | None = None, format: str | None = None) -> Response:
         version = self.get_object()
         try:
             services.conductor_promote(version=version, actor=_actor(request))
@@ -316,7 +321,7 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
         description="Re-activate the version that was active before the current one; answers with it.",
     )
     @action(detail=False, methods=["post"])
-    def rollback(self, request: Request) -> Response:
+    def rollback(self, request: Request, format: str | None = None) -> Response:
         try:
             version = services.conductor_rollback(actor=_actor(request))
         except FAILURES as exc:
@@ -331,7 +336,7 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
         "is not the shadow).",
     )
     @action(detail=True, methods=["post"])
-    def shadow(self, request: Request, name: str | None = None) -> Response:
+    def shadow(self, request: Request, name: str | None = None, format: str | None = None) -> Response:
         version = self.get_object()
         data = ShadowInput(data=request.data)
         data.is_valid(raise_exception=True)

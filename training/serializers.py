@@ -52,10 +52,6 @@ class VersionField(serializers.SlugRelatedField):
         super().__init__(slug_field="name", queryset=ConductorVersion.objects.all(), **kwargs)
 
 
-class ErrorOutput(serializers.Serializer):
-    detail = serializers.CharField(help_text="Why the request was refused")
-
-
 # --- inputs --------------------------------------------------------------------------------------
 
 
@@ -309,6 +305,12 @@ class EvaluationOutput(serializers.ModelSerializer):
     baseline = serializers.CharField(source="baseline.name")
     status = TrainingStatusField()
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    results = serializers.JSONField(
+        read_only=True,
+        help_text="Per side (candidate, baseline): version, accuracy, usd_per_1000, p95_plan_ms and "
+        "failed, over the `n` runs scored so far; `total` is the side's number of runs (done when "
+        "n == total).",
+    )
 
     class Meta:
         model = Evaluation

@@ -688,7 +688,11 @@ def _p95(values: list[float]) -> float | None:
 
 
 def evaluation_summary(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
-    """Per side: accuracy (a failed run counts as wrong), USD per 1,000 tasks, p95 plan latency."""
+    """Per side: accuracy (a failed run counts as wrong), USD per 1,000 tasks, p95 plan latency.
+
+    While runs are still going, every figure is over the runs that have ended: `n` is how many that
+    is (the items scored so far), `total` how many the side has in all; done when n == total.
+    """
     results: dict[str, dict[str, Any]] = {}
     links = EvaluationRun.objects.filter(evaluation=evaluation).select_related("run")
     plan_ms: dict[int, float] = {}
@@ -702,7 +706,8 @@ def evaluation_summary(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
         cost = sum((r.cost_usd for r in finished), Decimal("0"))
         results[side] = {
             "version": version.name,
-            "n": len(runs),
+            "n": len(finished),
+            "total": len(runs),
             "finished": len(finished),
             "failed": sum(r.status == RunStatus.FAILED for r in finished),
             "accuracy": round(sum(r.score or 0.0 for r in finished) / len(finished), 4) if finished else None,
@@ -717,7 +722,7 @@ def evaluation_summary(evaluation: Evaluation) -> dict[str, dict[str, Any]]:
 def evaluation_refresh(evaluation: Evaluation) -> Evaluation:
     """Recompute the results; the first time every run has ended, the evaluation finishes (audited)."""
     results = evaluation_summary(evaluation)
-    done = all(side["finished"] == side["n"] for side in results.values())
+    done = all(side["finished"] == side["total"] for side in results.values())
     with transaction.atomic():
         locked = Evaluation.objects.select_for_update().get(pk=evaluation.pk)
         locked.results = results

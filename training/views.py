@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from audit import params
 from audit.models import Role
 from audit.roles import has_role, role_required
 from audit.services import Actor
@@ -101,7 +102,23 @@ def _job_state(job: TrainingJob, after: int) -> dict[str, Any]:
             if job.candidate_id
             else None
         ),
+        "candidate_note": _candidate_note(job),
     }
+
+
+def _candidate_note(job: TrainingJob) -> str:
+    """What is true of the job's candidate version while there is none to link to."""
+    if job.candidate_id:
+        return ""
+    if job.status == JobStatus.CANCELLED:
+        return "none: the job was cancelled, nothing was registered"
+    if job.status == JobStatus.FAILED:
+        return "none: the job failed, nothing was registered"
+    if job.status == JobStatus.SUCCEEDED:
+        return "none: no version was registered"
+    if job.cancel_requested:
+        return "cancellation requested: nothing is registered unless the job succeeds first"
+    return f"{job.name} is registered when the job succeeds"
 
 
 @require_GET
@@ -128,10 +145,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def job_progress(request: HttpRequest, job_id: int) -> JsonResponse:
     """The job's state and the metric points logged after step `after` (all of them without it)."""
     job = get_object_or_404(TrainingJob.objects.select_related("candidate"), pk=job_id)
-    try:
-        after = max(-1, min(int(request.GET.get("after", -1)), 2**31 - 1))  # the column is an integer
-    except ValueError:
-        return JsonResponse({"error": "after must be an integer step"}, status=400)
+    after = params.integer(
+        request.GET, "after", default=-1, minimum=-1, maximum=2**31 - 1
+    )  # an integer column
     return JsonResponse(_job_state(job, after=after))
 
 
@@ -152,6 +168,8 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
         "training/dataset_detail.html",
         {
             "dataset": dataset,
+            # Pairs: `dataset.filter.items` in a template would be the filter's "items" key.
+            "filter_rows": list((dataset.filter or {}).items()),
             "files": rows,
             "source_runs": len(dataset.source_run_ids),
             "jobs": dataset.jobs.all(),
@@ -188,6 +206,9 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
     evaluation = get_object_or_404(
         Evaluation.objects.select_related("candidate", "baseline"), pk=evaluation_id
     )
+    if evaluation.status == JobStatus.RUNNING:
+        # The results so far (as the API and the training page do), not those of the last beat.
+        evaluation = services.evaluation_refresh(evaluation)
     results = evaluation.results or {}
     sides = []
     for side, version in (("candidate", evaluation.candidate), ("baseline", evaluation.baseline)):
@@ -199,6 +220,8 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
             "name": row.get("version") or row["conductor"].name,
             "accuracy": row.get("accuracy"),
             "usd_per_1000": row.get("usd_per_1000"),
+            "n": row.get("n"),
+            "total": row.get("total"),
         }
         for row in sides
         if row.get("accuracy") is not None and row.get("usd_per_1000") is not None

@@ -86,6 +86,11 @@
         link.href = s.candidate.url;
         link.textContent = s.candidate.name;
         cell.replaceChildren(link);
+      } else if (s.candidate_note) {
+        const note = document.createElement("span");
+        note.className = "muted";
+        note.textContent = s.candidate_note;
+        document.getElementById("job-candidate").replaceChildren(note);
       }
       if (s.started_at) document.getElementById("job-started-at").textContent = s.started_at;
       if (s.finished_at) document.getElementById("job-finished-at").textContent = s.finished_at;
@@ -145,7 +150,8 @@
         type: "scatter", mode: "markers+text", name: p.side + ": " + p.name,
         x: [Number(p.usd_per_1000)], y: [p.accuracy], text: [p.name], textposition: "top center", cliponaxis: false,
         marker: { size: 14, color: colors[p.side] || "#1d2330", symbol: p.side === "candidate" ? "diamond" : "circle" },
-        hovertext: [p.name + ": accuracy " + Number(p.accuracy).toFixed(3) + ", $" + Number(p.usd_per_1000).toFixed(4) + " per 1,000 tasks"], hoverinfo: "text",
+        hovertext: [p.name + ": accuracy " + Number(p.accuracy).toFixed(3) + ", $" + Number(p.usd_per_1000).toFixed(4) + " per 1,000 tasks"
+          + (p.n != null ? ", n = " + p.n + (p.total != null && p.total !== p.n ? " of " + p.total + " done" : "") : "")], hoverinfo: "text",
       })), { ...base, xaxis: { title: "USD per 1,000 tasks", rangemode: "tozero" }, yaxis: { title: "accuracy", range: [0, 1.05] } }, config)
         .then(() => { document.body.dataset.chartsReady = "1"; });
     }

@@ -326,7 +326,7 @@ def test_rollouts_need_a_known_version_and_items_or_a_split_not_both(ml):
     unknown = ml.post(API + "rollouts/", {"version": "no-such-version", "items": [ITEM]}, format="json")
 
     assert both.status_code == 400 and "not both" in str(both.data)
-    assert unknown.status_code == 400 and "version" in unknown.data
+    assert unknown.status_code == 400 and "version" in unknown.data["errors"]
     assert not RolloutBatch.objects.exists()
 
 
@@ -441,7 +441,7 @@ def test_a_malformed_dataset_request_is_a_400_from_the_serializer(ml, var_dir):
         ({"name": "crux", "conductor_version": "no-such-version"}, "conductor_version"),
     ):
         response = ml.post(API + "datasets/", body, format="json")
-        assert response.status_code == 400 and field in response.data, body
+        assert response.status_code == 400 and field in response.data["errors"], body
     assert not Dataset.objects.exists()
 
 

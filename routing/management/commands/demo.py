@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -12,9 +13,10 @@ import time
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Avg, Count, Sum
 
+from conductor_web import embedded
 from conductor_web.celery import worker_command
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 
@@ -22,8 +24,13 @@ from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 class Command(BaseCommand):
     help = (
         "Migrate, load the replay pool, start the web server (daphne) and a Celery worker, submit a batch of "
-        "recorded benchmark tasks and report on them; then keep serving until Ctrl-C."
+        "recorded benchmark tasks and report on them; then keep serving until Ctrl-C (or SIGTERM), which stops "
+        "everything it started. `manage.py services stop` stops what a killed demo left running."
     )
+    stopping = False  # a first Ctrl-C / SIGTERM was received: stopping what was started
+    hurry = False  # a second one: SIGKILL now instead of waiting for the grace period
+    deferring = False  # starting a service: a stop waits until it is recorded, so that it is stopped too
+    stop_requested = False
 
     def add_arguments(self, parser):
         parser.add_argument("--count", type=int, default=30, help="replay tasks to submit")
@@ -33,8 +40,61 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes")
         parser.add_argument("--exit", action="store_true", help="stop web and worker once the batch is done")
         parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for the batch")
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=10,
+            help="seconds web and workers get to stop on Ctrl-C before they are killed (SIGKILL)",
+        )
 
     def handle(self, *args, **o):
+        var_dir = settings.VAR_DIR
+        running = embedded.process_running(var_dir, "demo")
+        if running:
+            raise CommandError(
+                f"a demo is already running under {var_dir} (pid {running}); `make stop` stops it"
+            )
+        leftovers = embedded.processes_stop(var_dir, grace=o["grace"])
+        if leftovers:
+            self.stderr.write(f"stopped what an earlier demo left running: {', '.join(leftovers)}")
+        # Web, workers and beat run in process groups of their own, out of the terminal's reach: a Ctrl-C
+        # (SIGINT to the terminal's foreground group) or a SIGTERM reaches this process only, which stops
+        # each of them as a whole group, in order, and kills what does not stop within the grace period.
+        handlers = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
+        procs: dict[str, subprocess.Popen] = {}
+        embedded.process_record(var_dir, "demo", os.getpid(), group=False)
+        try:
+            self._run(o, procs)
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping...")
+        finally:
+            self._stop(procs, o["grace"])
+            embedded.process_forget(var_dir, "demo")
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopping:
+            self.hurry = True
+        elif self.deferring:
+            self.stop_requested = True
+        else:
+            self.stopping = True
+            raise KeyboardInterrupt
+
+    def _stop(self, procs: dict[str, subprocess.Popen], grace: float) -> None:
+        self.stopping = True
+        embedded.processes_stop(settings.VAR_DIR, list(procs), grace=grace, hurry=lambda: self.hurry)
+        for proc in procs.values():
+            if proc.poll() is None:  # its record could not be written or matched
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+
+    def _run(self, o: dict, procs: dict[str, subprocess.Popen]) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         call_command("load_replay_pool", verbosity=0)
@@ -43,79 +103,66 @@ class Command(BaseCommand):
         env = {**os.environ, "DATABASE_URL": settings.DATABASE_URL, "REDIS_URL": settings.REDIS_URL}
         log_dir = settings.VAR_DIR / "log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        procs = [
-            self._spawn(worker_command(concurrency=o["concurrency"]), env, log_dir / "worker.log"),
+        services = {
+            "worker": worker_command(concurrency=o["concurrency"]),
             # Training jobs get a process of their own, so that runs never wait behind one.
-            self._spawn(
-                worker_command(concurrency=1, queues=("training",), hostname="training@%h"),
-                env,
-                log_dir / "training-worker.log",
-            ),
-            self._spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "conductor_web",
-                    "beat",
-                    "--loglevel",
-                    "INFO",
-                    "--schedule",
-                    str(settings.VAR_DIR / "celerybeat-schedule"),
-                ],
-                env,
-                log_dir / "beat.log",
-            ),
-            self._spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    o["host"],
-                    "-p",
-                    str(o["port"]),
-                    "conductor_web.asgi:application",
-                ],
-                env,
-                log_dir / "web.log",
-            ),
-        ]
-        try:
-            started = time.monotonic()
-            before = set(Task.objects.values_list("pk", flat=True))
-            call_command(
-                "submit_replay_batch", split=o["split"], count=o["count"], prefix="demo", verbosity=0
-            )
-            batch = Task.objects.filter(idempotency_key__startswith=f"demo:{o['split']}:")
-            new = batch.exclude(pk__in=before).count()
-            self.stdout.write(
-                f"Submitted {new} new replay tasks ({batch.count()} in the demo batch); running them..."
-            )
-            self._wait(batch, o["timeout"])
-            self._report(batch, time.monotonic() - started if new else None)
-            call_command("audit_checkpoint")
-            url = f"http://{o['host']}:{o['port']}/"
-            self.stdout.write(self.style.SUCCESS(f"\nOpen {url} and log in as {username} / {password}"))
-            self.stdout.write(f"Logs: {log_dir}")
-            if o["exit"]:
-                return
-            self.stdout.write("Serving; press Ctrl-C to stop.")
-            while all(p.poll() is None for p in procs):
-                time.sleep(1)
-            self.stderr.write("a service stopped; see the logs above")
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            "training-worker": worker_command(concurrency=1, queues=("training",), hostname="training@%h"),
+            "beat": [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "conductor_web",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(settings.VAR_DIR / "celerybeat-schedule"),
+            ],
+            "web": [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                o["host"],
+                "-p",
+                str(o["port"]),
+                "conductor_web.asgi:application",
+            ],
+        }
+        for name, command in services.items():
+            self.deferring = True
+            try:
+                procs[name] = self._spawn(name, command, env, log_dir / f"{name}.log")
+            finally:
+                self.deferring = False
+            if self.stop_requested:
+                self.stopping = True
+                raise KeyboardInterrupt
+        started = time.monotonic()
+        before = set(Task.objects.values_list("pk", flat=True))
+        call_command("submit_replay_batch", split=o["split"], count=o["count"], prefix="demo", verbosity=0)
+        batch = Task.objects.filter(idempotency_key__startswith=f"demo:{o['split']}:")
+        new = batch.exclude(pk__in=before).count()
+        self.stdout.write(
+            f"Submitted {new} new replay tasks ({batch.count()} in the demo batch); running them..."
+        )
+        self._wait(batch, o["timeout"])
+        self._report(batch, time.monotonic() - started if new else None)
+        call_command("audit_checkpoint")
+        url = f"http://{o['host']}:{o['port']}/"
+        self.stdout.write(self.style.SUCCESS(f"\nOpen {url} and log in as {username} / {password}"))
+        self.stdout.write(f"Logs: {log_dir}")
+        if o["exit"]:
+            return
+        self.stdout.write("Serving; press Ctrl-C to stop.")
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    raise CommandError(
+                        f"{name} stopped (exit status {proc.returncode}); see {log_dir / (name + '.log')}"
+                    )
+            time.sleep(1)
 
     def _learned_default(self) -> None:
         """The learned conductor is the default: trained on the replay pool's train split on first run."""
@@ -124,9 +171,20 @@ class Command(BaseCommand):
         self.stdout.write("Training the learned conductor on the recorded train split (once)...")
         call_command("train_conductor", "learned-v1", "--activate", stdout=self.stdout)
 
-    def _spawn(self, cmd: list[str], env: dict[str, str], log_path) -> subprocess.Popen:
-        log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=settings.BASE_DIR)
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], log_path) -> subprocess.Popen:
+        """Start a service in a process group (and session) of its own, and record it for `services stop`."""
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=settings.BASE_DIR,
+                start_new_session=True,
+            )
+        embedded.process_record(settings.VAR_DIR, name, proc.pid, group=True)
+        return proc
 
     def _admin(self) -> tuple[str, str]:
         username = os.environ.get("CONDUCTOR_ADMIN_USER", "admin")

@@ -1,0 +1,92 @@
+"""Form bodies that are not valid UTF-8 are refused with a 400, never stored with replacement characters.
+
+Django decodes form bodies leniently: percent-escapes of invalid bytes become U+FFFD, raw non-ASCII
+bytes are read as Latin-1, and multipart fields are decoded with errors="replace". A task submitted
+that way would be stored altered, with a 201 or a redirect. So the raw body is checked before any
+view (or the CSRF check, which reads the parsed form) runs. JSON bodies need no check here: the API's
+JSON parser decodes strictly and answers a 400 itself.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from urllib.parse import unquote_to_bytes
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
+
+from .request_checks import bad_request
+
+FORM = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+METHODS_WITH_BODY = {"POST", "PUT", "PATCH", "DELETE"}
+REPLACEMENT = "\ufffd"
+
+
+def _message(field: str) -> str:
+    return f"The form field {field!r} is not valid UTF-8: send the form encoded as UTF-8."
+
+
+def urlencoded_problem(body: bytes) -> str | None:
+    """The first field whose name or value, percent-decoded, is not UTF-8 (Django decodes forms as UTF-8)."""
+    for pair in body.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        for part in (name, value):
+            try:
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+            except UnicodeDecodeError:
+                return _message(unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace"))
+    return None
+
+
+def multipart_problem(request: HttpRequest, body: bytes) -> str | None:
+    """A field holding more U+FFFD than the raw body does: Django put them there for invalid bytes."""
+    try:
+        fields = list(request.POST.lists())
+    except MultiPartParserError:
+        return None  # malformed; what reads the form answers that
+    sent = body.count(REPLACEMENT.encode())
+    seen = 0
+    first = None
+    for name, values in fields:
+        count = name.count(REPLACEMENT) + sum(value.count(REPLACEMENT) for value in values)
+        if count and first is None:
+            first = name
+        seen += count
+    return _message(first) if seen > sent and first is not None else None
+
+
+def body_problem(request: HttpRequest) -> str | None:
+    if request.method not in METHODS_WITH_BODY or request.content_type not in (FORM, MULTIPART):
+        return None
+    try:
+        charset = codecs.lookup(request.encoding or settings.DEFAULT_CHARSET).name
+    except LookupError:
+        return None  # an unknown charset: what reads the body refuses it
+    if charset != "utf-8":
+        return None  # decoded in the charset it declares (a form body in another one: Django refuses it)
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return None
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if length == 0 or (limit is not None and length > limit):
+        return None  # nothing to read, or too large to read here: Django refuses or streams it
+    if request.content_type == FORM:
+        return urlencoded_problem(request.body)
+    if request.method == "POST":  # Django parses multipart forms of POST requests only
+        return multipart_problem(request, request.body)
+    return None
+
+
+class Utf8BodyMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        problem = body_problem(request)
+        if problem:
+            return bad_request(request, problem)
+        return self.get_response(request)

@@ -1,0 +1,52 @@
+"""The limits of a task submission, in one place: the web form, the API and the service check the same
+values with the same messages, so a value one path refuses is refused by the others too."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator, MaxValueValidator, MinValueValidator
+
+from .plans import MAX_STEPS as MAX_STEPS_PER_PLAN
+
+# Steps over the whole run: every plan has at most MAX_STEPS_PER_PLAN, and nested plans add theirs.
+MAX_STEPS = MAX_STEPS_PER_PLAN * 20
+MAX_DEPTH = 5
+MAX_USD = Decimal("100000")
+# max_usd is stored as DECIMAL(20, 10); MAX_USD keeps it well within the digits.
+USD_DECIMAL_PLACES = 10
+IDEMPOTENCY_KEY_MAX_CHARS = 200
+DOMAIN_MAX_CHARS = 40
+
+# Django's validators, with their own messages: a form runs them as they are and DRF runs them too, so
+# the web form and the API refuse the same values with the same words.
+MAX_STEPS_VALIDATORS = [MinValueValidator(1), MaxValueValidator(MAX_STEPS)]
+MAX_DEPTH_VALIDATORS = [MinValueValidator(0), MaxValueValidator(MAX_DEPTH)]
+MAX_USD_VALIDATORS = [MinValueValidator(Decimal("0")), MaxValueValidator(MAX_USD)]
+IDEMPOTENCY_KEY_VALIDATORS = [MaxLengthValidator(IDEMPOTENCY_KEY_MAX_CHARS)]
+
+
+def text_length_check(text: str) -> None:
+    """The task text's length against CONDUCTOR_MAX_TASK_CHARS (a setting, so read at each call)."""
+    limit = settings.CONDUCTOR_MAX_TASK_CHARS
+    if len(text) > limit:
+        raise ValidationError(f"At most {limit} characters. The task text has {len(text)}.")
+
+
+def budgets_check(*, max_steps: int | None, max_depth: int | None, max_usd: Decimal | None) -> None:
+    """The budgets a submission asks for (None: the default), for callers without a form or serializer.
+    Raises ValidationError keyed by the field."""
+    for name, value, validators in (
+        ("max_steps", max_steps, MAX_STEPS_VALIDATORS),
+        ("max_depth", max_depth, MAX_DEPTH_VALIDATORS),
+        ("max_usd", max_usd, MAX_USD_VALIDATORS),
+    ):
+        if value is None:
+            continue
+        for validator in validators:
+            try:
+                validator(value)
+            except ValidationError as exc:
+                raise ValidationError({name: exc.messages}) from exc

@@ -1,0 +1,507 @@
+"""The acceptance sweep: every route x every kind of user, on the record the real engine made, then
+the same routes with hostile query strings and bodies. Any 5xx fails; any status other than the
+access table's fails; a filter a page reads but cannot apply must be refused (400), never dropped.
+
+The access table below is the one in docs/audit.md ("Who may open what"); a test keeps them equal.
+Cells: a status code, or "login" (a redirect to the login page).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from tests.acceptance.crawl import IDENTITIES, ROLE_OF, Route, fill, markdown_table, routes
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(anonymous, no_role, auditor, operator, ml_staff, admin) -> dict[str, int | str]:
+    return dict(zip(IDENTITIES, (anonymous, no_role, auditor, operator, ml_staff, admin), strict=True))
+
+
+EVERYONE = _row("login", 403, 200, 200, 200, 200)
+EVERYONE_API = _row(403, 403, 200, 200, 200, 200)
+AUDITORS = _row("login", 403, 200, 403, 403, 200)
+OPERATORS = _row("login", 403, 403, 200, 403, 200)
+TRAINING_READERS = _row("login", 403, 200, 403, 200, 200)
+TRAINING_READERS_API = _row(403, 403, 200, 403, 200, 200)
+TRAINING_ACTION_API = _row(403, 403, 405, 403, 405, 405)  # POST actions, read by GET: allowed readers get 405
+POST_ONLY = _row(405, 405, 405, 405, 405, 405)
+OPEN = _row(200, 200, 200, 200, 200, 200)
+
+# The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
+# (`/api/tasks.json`) answer as their route does.
+EXPECTED: dict[str, dict[str, int | str]] = {
+    "routing:task-list": EVERYONE,
+    "routing:task-submit": OPERATORS,
+    "routing:task-detail": EVERYONE,
+    "routing:task-graph": EVERYONE,
+    "routing:worker-list": EVERYONE,
+    "routing:ops": EVERYONE,
+    "routing:analytics": EVERYONE,
+    "training-api:job-list": TRAINING_READERS_API,
+    "training-api:job-detail": TRAINING_READERS_API,
+    "training-api:job-cancel": TRAINING_ACTION_API,
+    "training-api:job-metrics": TRAINING_READERS_API,
+    "training-api:dataset-list": TRAINING_READERS_API,
+    "training-api:dataset-detail": TRAINING_READERS_API,
+    "training-api:dataset-file": TRAINING_READERS_API,
+    "training-api:rollout-list": TRAINING_READERS_API,
+    "training-api:rollout-detail": TRAINING_READERS_API,
+    "training-api:evaluation-list": TRAINING_READERS_API,
+    "training-api:evaluation-detail": TRAINING_READERS_API,
+    "training-api:conductor-list": TRAINING_READERS_API,
+    "training-api:conductor-rollback": TRAINING_ACTION_API,
+    "training-api:conductor-detail": TRAINING_READERS_API,
+    "training-api:conductor-promote": TRAINING_ACTION_API,
+    "training-api:conductor-shadow": TRAINING_ACTION_API,
+    "training-api:api-root": TRAINING_READERS_API,
+    "task-list": EVERYONE_API,
+    "task-detail": EVERYONE_API,
+    "worker-list": EVERYONE_API,
+    "worker-detail": EVERYONE_API,
+    "api-root": EVERYONE_API,
+    "audit:event-log": AUDITORS,
+    "audit:export": AUDITORS,
+    "audit:dossier": AUDITORS,
+    "audit:hold": POST_ONLY,
+    "audit:vendors": AUDITORS,
+    "audit:policies": AUDITORS,
+    "audit:verify": AUDITORS,
+    "training:home": TRAINING_READERS,
+    "training:job-start": POST_ONLY,
+    "training:job": TRAINING_READERS,
+    "training:job-progress": TRAINING_READERS,
+    "training:job-cancel": POST_ONLY,
+    "training:job-artifact": TRAINING_READERS,
+    "training:rollouts-start": POST_ONLY,
+    "training:dataset-build": POST_ONLY,
+    "training:dataset": TRAINING_READERS,
+    "training:dataset-file": TRAINING_READERS,
+    "training:evaluation": TRAINING_READERS,
+    "training:rollback": POST_ONLY,
+    "training:promote": POST_ONLY,
+    "training:shadow": POST_ONLY,
+    "training:evaluate": POST_ONLY,
+    "schema": EVERYONE_API,
+    "login": OPEN,
+    "logout": POST_ONLY,
+}
+
+# The query parameters pages and endpoints read, by kind; a route reading one not listed fails the
+# sweep (add it here, with its kind, so that its hostile values are tried).
+PARAM_KINDS: dict[str, str] = {
+    "since": "date",
+    "until": "date",
+    "before": "date",
+    "status": "enum",
+    "classification": "enum",
+    "chart": "enum",
+    "conductor": "enum",
+    "q": "text",
+    "action": "text",
+    "actor": "text",
+    "chain": "text",
+    "object_type": "text",
+    "vendor": "text",
+    "task": "uuid",
+    "minutes": "int",
+    "after": "int",
+    "page_size": "int",
+    "format": "not found",  # DRF: a renderer it does not have
+    "cursor": "not found",  # DRF: a page it did not issue
+    # Not filters: what they select is shown as such, and a value they cannot use is ignored.
+    "partial": "flag",  # any value: the overview's auto-refreshed body
+    "download": "flag",  # any value: the dossier as a file
+    "sample": "prefill",  # the submit form's sample task; an unknown one prefills nothing
+    "next": "prefill",  # where to go after logging in; Django ignores a foreign or odd one
+    "version": "flag",  # the schema's API version: there is one, whatever is asked
+}
+# Where one name means another kind on one route.
+ROUTE_PARAM_KINDS: dict[tuple[str, str], str] = {("audit:event-log", "before"): "int"}  # an event number
+
+HOSTILE: dict[str, list[str]] = {
+    "not found": ["no-such-value"],
+    "flag": ["", "0", "x" * 600],
+    "prefill": ["no-such-value", "9" * 40, "-1", "x" * 600],
+    "date": ["2026-13-45", "2026-02-30", "2026-01-01T25:00", "2026-01-01T10:00+99:00", "yesterday", "9" * 30],
+    "enum": ["no-such-value", "x" * 600],
+    "int": ["abc", "9" * 40, "-99", "1e9"],
+    "text": ["x" * 600, "a\x01b"],
+    "uuid": ["not-a-uuid", "zz" * 18],
+}
+NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
+
+
+# --- Users ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="package")
+def identities(record, django_db_blocker) -> dict[str, tuple[object | None, str | None]]:
+    """identity -> (user, API token key or None); committed beside the record, so that the
+    websocket's own threads see them too."""
+    from audit.roles import token_create, user_set_roles
+
+    made: dict[str, tuple[object | None, str | None]] = {"anonymous": (None, None)}
+    with django_db_blocker.unblock():
+        for identity in IDENTITIES[1:]:
+            user = get_user_model().objects.create_user(username=f"sweep-{identity.replace(' ', '-')}")
+            role = ROLE_OF.get(identity)
+            user_set_roles(user=user, roles=[role] if role else [])
+            made[identity] = (user, token_create(user=user, role=role, name="sweep").key if role else None)
+            SESSION_COOKIES[identity] = _committed_session_cookie(user)
+    return made
+
+
+SESSION_COOKIES: dict[str, str] = {}
+
+
+def _committed_session_cookie(user) -> str:
+    """A session for `user` in the database (committed: the websocket reads it from its own thread)."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    store = SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    return f"{settings.SESSION_COOKIE_NAME}={store.session_key}"
+
+
+def session_client(identities, identity: str) -> Client:
+    client = Client()
+    user = identities[identity][0]
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+def token_client(identities, identity: str) -> Client:
+    key = identities[identity][1]
+    return Client(HTTP_AUTHORIZATION=f"Token {key}") if key else Client()
+
+
+# --- Filling routes from the record ---------------------------------------------------------------
+
+
+def path_values(route: Route, record) -> dict[str, str]:
+    version_names = _version_names(record)
+    values = {
+        "task_id": str(record.tasks["static"]),
+        "pk": str(record.tasks["static"]),
+        "job_id": str(record.jobs["finished"]),
+        "dataset_id": str(record.dataset_id),
+        "evaluation_id": str(record.evaluation_id),
+        "version_id": str(record.versions["candidate"]),
+        "fmt": "csv",
+        "slug": record.worker_slugs[0],
+        "format": "json",
+    }
+    if route.name.startswith("training-api:job"):
+        values["pk"] = str(record.jobs["finished"])
+    elif route.name.startswith("training-api:dataset"):
+        values["pk"] = str(record.dataset_id)
+        values["name"] = record.dataset_files[0]
+    elif route.name.startswith("training-api:rollout"):
+        values["pk"] = str(record.rollout_batch_id)
+    elif route.name.startswith("training-api:evaluation"):
+        values["pk"] = str(record.evaluation_id)
+    elif route.name.startswith("training-api:conductor"):
+        values["name"] = version_names["candidate"]
+    elif route.name == "training:job-artifact":
+        values["name"] = record.job_artifacts[record.jobs["finished"]][0]
+    elif route.name == "training:dataset-file":
+        values["name"] = record.dataset_files[0]
+    missing = [p for p in route.params if p not in values]
+    assert not missing, f"the sweep cannot fill {missing} of {route.name}: add them to path_values()"
+    return values
+
+
+def _version_names(record) -> dict[str, str]:
+    from routing.models import ConductorVersion
+
+    return {k: ConductorVersion.objects.get(pk=pk).name for k, pk in record.versions.items()}
+
+
+def route_path(route: Route, record) -> str:
+    return fill(route, path_values(route, record))
+
+
+def outcome(response) -> int | str:
+    if response.status_code == 302 and response["Location"].startswith("/login/"):
+        return "login"
+    return response.status_code
+
+
+def read(response) -> bytes:
+    """The whole body (a streamed export is read to its end: it must end)."""
+    if getattr(response, "streaming", False):
+        return b"".join(response.streaming_content)
+    return response.content
+
+
+ALL_ROUTES = routes()
+MAIN_ROUTES = [r for r in ALL_ROUTES if not r.format_suffix]
+
+
+# --- The role matrix ------------------------------------------------------------------------------
+
+
+def test_the_access_table_names_every_route():
+    assert sorted({r.name for r in MAIN_ROUTES}) == sorted(EXPECTED)
+
+
+def test_docs_carry_the_same_access_table():
+    docs = (ROOT / "docs" / "audit.md").read_text()
+    for line in markdown_table(EXPECTED):
+        assert line in docs, f"docs/audit.md lacks the access table line: {line}"
+
+
+def observe(route: Route, record, identities) -> dict[str, int | str]:
+    """What each identity gets, by session; tokens are checked against it."""
+    path = route_path(route, record)
+    seen: dict[str, int | str] = {}
+    for identity in IDENTITIES:
+        response = session_client(identities, identity).get(path)
+        read(response)
+        assert response.status_code < 500, f"{path} as {identity}: {response.status_code}"
+        seen[identity] = outcome(response)
+    return seen
+
+
+@pytest.mark.parametrize("route", MAIN_ROUTES, ids=lambda r: r.name)
+def test_every_route_answers_every_identity_as_the_table_says(route, record, identities):
+    seen = observe(route, record, identities)
+    assert seen == EXPECTED[route.name], f"{route.name}: seen {seen}"
+    path = route_path(route, record)
+    for identity in IDENTITIES[1:]:
+        response = token_client(identities, identity).get(path)
+        read(response)
+        assert response.status_code < 500
+        # A token opens the API with its role; pages know sessions only (a token there is anonymous).
+        want = seen[identity] if route.is_api and identities[identity][1] else seen["anonymous"]
+        assert outcome(response) == want, f"{path} by {identity}'s token"
+
+
+# Names that may themselves hold a dot (a file name, a version name): `<name>.json` reads as the name.
+DOTTED_NAMES = {"training-api:dataset-file", "training-api:conductor-detail"}
+
+
+@pytest.mark.parametrize(
+    "route",
+    [r for r in ALL_ROUTES if r.format_suffix and r.name not in DOTTED_NAMES],
+    ids=lambda r: r.pattern,
+)
+def test_format_suffixed_twins_answer_as_their_route(route, record, identities):
+    twin = EXPECTED[route.name]
+    for identity in ("anonymous", "auditor", "admin"):
+        response = session_client(identities, identity).get(route_path(route, record))
+        read(response)
+        assert outcome(response) == twin[identity], f"{route.pattern} as {identity}"
+
+
+TASK_ROUTES = [r for r in MAIN_ROUTES if "task_id" in r.params or r.name == "task-detail"]
+
+
+@pytest.mark.parametrize("route", TASK_ROUTES, ids=lambda r: r.name)
+def test_every_kind_of_task_opens_on_every_task_route(route, record, identities):
+    client = session_client(identities, "admin")
+    for kind, task_id in record.tasks.items():
+        path = fill(route, {**path_values(route, record), "task_id": str(task_id), "pk": str(task_id)})
+        response = client.get(path)
+        read(response)
+        assert outcome(response) == EXPECTED[route.name]["admin"], f"{route.name} of the {kind} task"
+
+
+def test_every_task_dossier_exports(record, identities):
+    client = session_client(identities, "auditor")
+    for kind, task_id in record.tasks.items():
+        response = client.get(f"/audit/tasks/{task_id}/", {"download": "1"})
+        assert response.status_code == 200, f"dossier export of the {kind} task"
+        assert response["Content-Disposition"].startswith("attachment;")
+
+
+def test_the_websocket_admits_the_roles_the_task_page_admits(record, identities):
+    from conductor_web.asgi import application
+
+    task_id = record.tasks["static"]
+    for identity in IDENTITIES:
+        cookie = SESSION_COOKIES.get(identity, "")
+
+        async def connect(cookie=cookie):
+            headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+            if cookie:
+                headers.append((b"cookie", cookie.encode()))
+            communicator = WebsocketCommunicator(application, f"/ws/tasks/{task_id}/", headers=headers)
+            connected, code = await communicator.connect(timeout=10)
+            await communicator.disconnect()
+            return connected, code
+
+        connected, code = async_to_sync(connect)()
+        may = EXPECTED["routing:task-detail"][identity] == 200
+        assert connected is may, f"websocket as {identity}: connected={connected} code={code}"
+
+
+# --- Hostile input --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def recording(settings):
+    settings.MIDDLEWARE = ["tests.acceptance.crawl.RecordQueryParameters", *settings.MIDDLEWARE]
+
+
+def _query(name: str, value: str) -> str:
+    return f"{quote(name)}={quote(value, safe='')}"
+
+
+@pytest.mark.parametrize("route", MAIN_ROUTES, ids=lambda r: r.name)
+def test_hostile_query_strings_are_refused_with_a_reason(route, record, identities, recording):
+    client = session_client(identities, "admin")
+    path = route_path(route, record)
+    plain = client.get(path)
+    read(plain)
+    asked = set(getattr(plain, "asked_params", set()))
+    unknown = asked - set(PARAM_KINDS)
+    assert not unknown, f"{route.name} reads {sorted(unknown)}: add them to PARAM_KINDS with their kind"
+    for name in sorted(asked | {"zz"}):
+        for value in NUL_VALUES:
+            response = client.get(f"{path}?{_query(name, value)}")
+            read(response)
+            assert response.status_code == 400, f"{path}?{name}={value!r}: {response.status_code}"
+    if plain.status_code != 200:
+        return  # a route that refuses a GET reads no filter
+    for name in sorted(asked):
+        kind = ROUTE_PARAM_KINDS.get((route.name, name), PARAM_KINDS[name])
+        for value in HOSTILE[kind]:
+            response = client.get(f"{path}?{_query(name, value)}")
+            body = read(response)
+            where = f"{path}?{name}={value[:40]!r}: {response.status_code}"
+            if kind in ("flag", "prefill"):
+                assert response.status_code == 200, where
+            elif kind == "not found":
+                assert response.status_code == 404, where
+            else:
+                assert response.status_code == 400, where
+                assert name.encode() in body, f"{path}?{name}=...: the 400 does not name the parameter"
+
+
+LONG_ID = "9" * 30
+
+
+@pytest.mark.parametrize("route", [r for r in MAIN_ROUTES if r.params], ids=lambda r: r.name)
+def test_hostile_ids_in_paths_are_not_found(route, record, identities):
+    client = session_client(identities, "admin")
+    for param in route.params:
+        if param == "format":
+            continue
+        for value in (LONG_ID, "0", "abc", "x" * 300):
+            try:
+                path = fill(route, {**path_values(route, record), param: value})
+            except KeyError:
+                continue
+            response = client.get(path)
+            read(response)
+            assert response.status_code in (400, 404, 405), f"{path}: {response.status_code}"
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("route", [r for r in MAIN_ROUTES if r.is_api], ids=lambda r: r.name)
+def test_hostile_json_bodies_are_refused_with_a_reason(route, record, identities):
+    client = session_client(identities, "admin")
+    path = route_path(route, record)
+    bodies = {
+        "deep": '{"text": ' + _deep(100_000) + "}",
+        "deep-but-parseable": '{"text": ' + _deep(200) + "}",
+        "nul": json.dumps({"text": "a\x00b", "config": {"x": "\x00"}, "name": "n\x00"}),
+        "not-json": "{'text': 1",
+    }
+    for label, body in bodies.items():
+        response = client.post(path, body, content_type="application/json")
+        read(response)
+        # 400 where the body is read; 405 where POST is not taken; an action that reads no body
+        # (rollback, promote) just acts.
+        assert response.status_code in (200, 400, 405), f"POST {path} ({label}): {response.status_code}"
+        if response.status_code == 400:
+            assert "detail" in response.json(), f"POST {path} ({label}): {response.content[:200]!r}"
+
+
+@pytest.mark.parametrize("route", [r for r in MAIN_ROUTES if not r.is_api], ids=lambda r: r.name)
+def test_hostile_form_bodies_never_fail_the_server(route, record, identities):
+    client = session_client(identities, "admin")
+    path = route_path(route, record)
+    form = {
+        name: "a\x00b"
+        for name in ("text", "reference", "reason", "name", "action", "items", "split", "config", "max_usd")
+    }
+    response = client.post(path, form)
+    read(response)
+    assert response.status_code < 500, f"POST {path}: {response.status_code}"
+    response = client.post(
+        path, b"text=%FF%FE&reason=%C0%80", content_type="application/x-www-form-urlencoded"
+    )
+    read(response)
+    assert response.status_code < 500, f"POST {path} (not UTF-8): {response.status_code}"
+
+
+# --- Who may post ---------------------------------------------------------------------------------
+
+# Routes that change something, and who may post to them (admins always may). Everyone else is sent
+# to log in (pages, when anonymous) or refused (403). What an allowed post does is each feature's own
+# test; here it must only not be refused and not fail.
+MAY_POST: dict[str, tuple[str, ...]] = {
+    "routing:task-submit": ("operator",),
+    "task-list": ("operator",),
+    "audit:hold": (),
+    "audit:verify": ("auditor",),
+    "training:job-start": ("ML staff",),
+    "training:job-cancel": ("ML staff",),
+    "training:rollouts-start": ("ML staff",),
+    "training:dataset-build": ("ML staff",),
+    "training:rollback": ("ML staff",),
+    "training:promote": ("ML staff",),
+    "training:shadow": ("ML staff",),
+    "training:evaluate": ("ML staff",),
+    "training-api:job-list": ("ML staff",),
+    "training-api:job-cancel": ("ML staff",),
+    "training-api:dataset-list": ("ML staff",),
+    "training-api:rollout-list": ("ML staff",),
+    "training-api:evaluation-list": ("ML staff",),
+    "training-api:conductor-rollback": ("ML staff",),
+    "training-api:conductor-promote": ("ML staff",),
+    "training-api:conductor-shadow": ("ML staff",),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAY_POST))
+def test_only_the_roles_that_may_change_something_can_post(name, record, identities):
+    route = next(r for r in MAIN_ROUTES if r.name == name)
+    path = route_path(route, record)
+    for identity in IDENTITIES:
+        client = session_client(identities, identity)
+        if route.is_api:
+            response = client.post(path, "{}", content_type="application/json")
+        else:
+            response = client.post(path, {})
+        read(response)
+        assert response.status_code < 500, f"POST {path} as {identity}: {response.status_code}"
+        if identity == "admin" or identity in MAY_POST[name]:
+            assert outcome(response) not in ("login", 403, 405), f"POST {path} as {identity}: refused"
+        elif identity == "anonymous" and not route.is_api:
+            assert outcome(response) == "login", f"POST {path} as anonymous"
+        else:
+            assert response.status_code == 403, f"POST {path} as {identity}: {response.status_code}"

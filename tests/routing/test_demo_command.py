@@ -1,0 +1,176 @@
+"""`manage.py demo` stops everything it started on Ctrl-C or SIGTERM; `services stop` stops what a killed
+demo left running. Real processes: the demo, daphne, two Celery workers (with their pool processes), beat."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, database_url, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+GRACE_S = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@dataclass
+class Demo:
+    proc: subprocess.Popen
+    port: int
+    var_dir: Path
+    output: Path
+    env: dict[str, str]
+    started: list[psutil.Process]  # every process it started, pool processes included
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace")
+
+    def left_running(self) -> list[str]:
+        return [" ".join(p.cmdline()) for p in self.started if _alive(p)]
+
+
+def _logged_ready(var_dir: Path) -> bool:
+    logs = [var_dir / "log" / name for name in ("worker.log", "training-worker.log")]
+    return all(log.exists() and " ready." in log.read_text(errors="replace") for log in logs)
+
+
+@pytest.fixture
+def start_demo(transactional_db, tmp_path):
+    from django.conf import settings
+
+    from routing.models import ConductorVersion
+
+    # A learned conductor exists, so the demo skips its one-time training (tens of seconds).
+    ConductorVersion.objects.create(name="learned-test", backend=ConductorVersion.Backend.LEARNED)
+    prefix = f"demotest{os.getpid()}-"
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "CONDUCTOR_VAR_DIR": str(tmp_path / "var"),
+        "CONDUCTOR_QUEUE_PREFIX": prefix,  # its workers and beat keep to queues of their own
+        "PYTHONUNBUFFERED": "1",
+    }
+    demos: list[Demo] = []
+
+    def start(*, count: int = 0, busy: bool = False) -> Demo:
+        """busy: a worker is in the middle of a run (its warm shutdown would wait minutes for it)."""
+        port = _free_port()
+        output = tmp_path / f"demo-{len(demos)}.out"
+        with open(output, "wb") as out:
+            # A session of its own, like a shell job: a Ctrl-C goes to its whole process group.
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "demo", "--count", str(count), "--port", str(port)]
+                + ["--concurrency", "1", "--grace", str(GRACE_S)],
+                cwd=ROOT,
+                env={**env, "CONDUCTOR_REPLAY_LATENCY_S": "300"} if busy else env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        demo = Demo(proc, port, tmp_path / "var", output, env, [])
+        demos.append(demo)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the demo exited ({proc.returncode}):\n{demo.log()}")
+            if not (_answers(port) and _logged_ready(demo.var_dir)):
+                return False
+            if busy:
+                return "routing.tasks.run_workflow" in (demo.var_dir / "log" / "worker.log").read_text()
+            return "Serving" in demo.log()
+
+        wait_for(ready, timeout=240, interval=0.5, what="the demo to serve")
+        demo.started = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in demo.started)
+        assert "daphne" in names and " beat " in names and names.count(" worker ") >= 4, names
+        return demo
+
+    yield start
+    for demo in demos:  # whatever a failed test left behind
+        for proc in [*demo.started, psutil.Process(demo.proc.pid) if demo.proc.poll() is None else None]:
+            if proc is not None and _alive(proc):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            demo.proc.wait(10)
+    from conductor_web.celery import app
+
+    with app.connection_for_write() as conn:
+        for queue in (prefix + "runs", prefix + "training"):
+            with contextlib.suppress(Exception):
+                conn.default_channel.queue_delete(queue)
+
+
+def _assert_all_stopped(demo: Demo) -> None:
+    wait_for(lambda: not demo.left_running(), timeout=10, what="every started process to exit")
+    assert not _answers(demo.port), "the web server still answers"
+    assert not list((demo.var_dir / "run").glob("*.json")), "process records were left behind"
+
+
+def test_ctrl_c_stops_web_workers_and_beat_even_with_a_run_in_flight(start_demo):
+    demo = start_demo(count=1, busy=True)  # Ctrl-C while the batch runs: a worker will not finish soon
+
+    demo.proc.send_signal(signal.SIGINT)
+
+    demo.proc.wait(GRACE_S + 30)
+    _assert_all_stopped(demo)
+    assert "Stopping" in demo.log()
+
+
+def test_sigterm_stops_web_workers_and_beat(start_demo):
+    demo = start_demo()
+
+    demo.proc.send_signal(signal.SIGTERM)  # `kill PID`, or make passing on its own SIGTERM
+
+    demo.proc.wait(GRACE_S + 30)
+    _assert_all_stopped(demo)
+
+
+def test_services_stop_stops_what_a_killed_demo_left_running(start_demo):
+    demo = start_demo()
+    demo.proc.kill()
+    demo.proc.wait(10)
+    assert _answers(demo.port) and demo.left_running()  # orphans: only the records know them now
+
+    result = subprocess.run(
+        [sys.executable, "manage.py", "services", "stop", "--grace", str(GRACE_S)],
+        cwd=ROOT,
+        env=demo.env,
+        capture_output=True,
+        text=True,
+        timeout=GRACE_S + 60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "web" in result.stdout and "worker" in result.stdout, result.stdout
+    _assert_all_stopped(demo)

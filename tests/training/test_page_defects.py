@@ -1,0 +1,170 @@
+"""Defects of the training pages, through Django's test client: an evaluation's partial results, what a
+job's page says of its candidate version in each status, and a dataset filter that has an "items" key."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from audit.models import Role
+from audit.services import Actor
+from routing.models import ConductorVersion, RunStatus
+from routing.services import conductor_active
+from training import services
+from training.models import Dataset, EvaluationRun, JobStatus, TrainingJob
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def ml(make_user) -> Client:
+    client = Client()
+    client.force_login(make_user("mira", Role.ML_STAFF))
+    return client
+
+
+def row_cells(html: str, side: str) -> dict[str, str]:
+    """The text of the cells of a side's row of the evaluation table, by their data-col."""
+    row = html.split(f'<tr data-side="{side}">')[1].split("</tr>")[0]
+    return {col: text.strip() for col, text in re.findall(r'data-col="(\w+)">([^<]*)<', row)}
+
+
+# --- 1. An evaluation part-way: n is the items scored so far -------------------------------------
+
+
+def finish(links: list[EvaluationRun], score: float | None, status: str = RunStatus.SUCCEEDED) -> None:
+    for link in links:
+        run = link.run
+        run.status, run.score, run.cost_usd, run.finished_at = status, score, Decimal("0.002"), timezone.now()
+        run.save(update_fields=["status", "score", "cost_usd", "finished_at"])
+
+
+def test_a_running_evaluation_shows_n_as_the_items_scored_so_far(ml, replay_pool):
+    baseline = conductor_active()
+    candidate = ConductorVersion.objects.create(name="static-v2", backend="static", config=baseline.config)
+    evaluation = services.evaluation_start(
+        candidate=candidate, split="dev", limit=10, actor=Actor.service("test")
+    )  # the runs are queued on commit: this test's transaction never commits, nothing runs them
+    links = list(EvaluationRun.objects.filter(evaluation=evaluation).select_related("run").order_by("pk"))
+    total = len(evaluation.items)
+    assert total == 10 and len(links) == 2 * total
+    by_side = {side: [link for link in links if link.side == side] for side in ("candidate", "baseline")}
+    finish(by_side["candidate"][:3], 1.0)  # 3 of 10 done, all right: accuracy 1.000 over n = 3
+    finish(by_side["baseline"][:1], 1.0)
+    finish(by_side["baseline"][1:2], None, RunStatus.FAILED)  # a failed run counts, as wrong
+
+    response = ml.get(reverse("training:evaluation", args=[evaluation.pk]))
+
+    html = response.content.decode()
+    assert 'data-refresh="1"' in html
+    assert row_cells(html, "candidate") == {"n": "3", "done": f"3 of {total} done"}
+    assert row_cells(html, "baseline") == {"n": "2", "done": f"2 of {total} done"}
+    sides = {row["side"]: row for row in response.context["sides"]}
+    assert (sides["candidate"]["accuracy"], sides["baseline"]["accuracy"]) == (1.0, 0.5)
+    assert sides["candidate"]["usd_per_1000"] == sides["baseline"]["usd_per_1000"] == "2.0000"
+    assert "over the n items scored so far" in html.split('id="evaluation-partial"')[1]
+    chart = json.loads(
+        html.split('<script id="evaluation-data" type="application/json">')[1].split("</script>")[0]
+    )
+    assert [(p["side"], p["n"], p["total"]) for p in chart] == [
+        ("candidate", 3, total),
+        ("baseline", 2, total),
+    ]
+
+    # The API says the same, and the evaluation is still running.
+    data = ml.get(f"/api/training/evaluations/{evaluation.pk}/").json()
+    assert data["status"] == "running"
+    assert {side: (r["n"], r["total"], r["accuracy"]) for side, r in data["results"].items()} == {
+        "candidate": (3, total, 1.0),
+        "baseline": (2, total, 0.5),
+    }
+
+    # Every run ended: n is the total, and the evaluation has finished.
+    finish(by_side["candidate"][3:] + by_side["baseline"][2:], 0.0)
+    response = ml.get(reverse("training:evaluation", args=[evaluation.pk]))
+    html = response.content.decode()
+    assert row_cells(html, "candidate") == {"n": str(total), "done": f"{total} of {total} done"}
+    assert 'data-refresh="0"' in html and 'id="evaluation-partial"' not in html
+    evaluation.refresh_from_db()
+    assert evaluation.status == JobStatus.SUCCEEDED
+    assert evaluation.results["candidate"]["accuracy"] == pytest.approx(0.3)
+
+
+# --- 3. A job's candidate version, as each status makes it true ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "cancel_requested", "says", "never"),
+    [
+        (
+            JobStatus.CANCELLED,
+            False,
+            "the job was cancelled, nothing was registered",
+            "when the job succeeds",
+        ),
+        (JobStatus.FAILED, False, "the job failed, nothing was registered", "when the job succeeds"),
+        (JobStatus.QUEUED, False, "learned-c is registered when the job succeeds", "nothing was registered"),
+        (JobStatus.RUNNING, False, "learned-c is registered when the job succeeds", "nothing was registered"),
+        (
+            JobStatus.RUNNING,
+            True,
+            "nothing is registered unless the job succeeds first",
+            "nothing was registered",
+        ),
+    ],
+)
+def test_the_job_page_says_what_became_of_the_candidate_version(ml, status, cancel_requested, says, never):
+    job = TrainingJob.objects.create(
+        name="learned-c",
+        backend=TrainingJob.Backend.LEARNED,
+        status=status,
+        cancel_requested=cancel_requested,
+    )
+    html = ml.get(reverse("training:job", args=[job.pk])).content.decode()
+    cell = html.split('id="job-candidate">')[1].split("</dd>")[0]
+    assert says in cell and never not in cell
+    progress = ml.get(reverse("training:job-progress", args=[job.pk])).json()
+    assert progress["candidate"] is None and says in progress["candidate_note"]  # what the live page writes
+
+
+def test_a_succeeded_jobs_page_links_its_registered_version(ml):
+    version = ConductorVersion.objects.create(name="learned-d", backend="learned")
+    job = TrainingJob.objects.create(
+        name="learned-d", backend=TrainingJob.Backend.LEARNED, status=JobStatus.SUCCEEDED, candidate=version
+    )
+    html = ml.get(reverse("training:job", args=[job.pk])).content.decode()
+    cell = html.split('id="job-candidate">')[1].split("</dd>")[0]
+    assert f'href="{reverse("training:home")}#version-{version.pk}"' in cell and ">learned-d</a>" in cell
+    assert "registered when" not in cell and "nothing" not in cell
+    progress = ml.get(reverse("training:job-progress", args=[job.pk])).json()
+    assert progress["candidate"]["name"] == "learned-d" and progress["candidate_note"] == ""
+
+
+# --- The dataset page's filter: a filter has an "items" key -------------------------------------
+
+
+@pytest.mark.parametrize("items", [["gsm8k-1", "gsm8k-22"], None])
+def test_the_dataset_page_lists_a_filter_that_has_items(ml, settings, tmp_path, items):
+
+    settings.VAR_DIR = tmp_path
+    selection = services.DatasetFilter(batch_ids=[4, 5], items=items, min_group_size=3).as_dict()
+    dataset = Dataset.objects.create(
+        name="filtered", version=1, filter=selection, content_hash="0" * 64, path="datasets/filtered/v1"
+    )
+    response = ml.get(reverse("training:dataset", args=[dataset.pk]))
+    assert response.status_code == 200
+    table = response.content.decode().split('id="dataset-filter">')[1].split("</table>")[0]
+    rows = dict(re.findall(r"<tr><th>(\w+)</th><td>([^<]*)</td></tr>", table))
+    assert rows["batch_ids"] == "[4, 5]" and rows["min_group_size"] == "3"
+    assert rows["items"] == ("[&#x27;gsm8k-1&#x27;, &#x27;gsm8k-22&#x27;]" if items else "None")
