@@ -1,4 +1,5 @@
-"""Form bodies that are not valid UTF-8 are refused with a 400, never stored with replacement characters.
+"""Form bodies that are not valid UTF-8, or hold a NUL byte, are refused with a 400: never stored
+with replacement characters, never a database error.
 
 Django decodes form bodies leniently: percent-escapes of invalid bytes become U+FFFD, raw non-ASCII
 bytes are read as Latin-1, and multipart fields are decoded with errors="replace". A task submitted
@@ -29,15 +30,21 @@ def _message(field: str) -> str:
     return f"The form field {field!r} is not valid UTF-8: send the form encoded as UTF-8."
 
 
+def _nul_message(field: str) -> str:
+    return f"The form field {field!r} contains a NUL byte, which no text can hold."
+
+
 def urlencoded_problem(body: bytes) -> str | None:
     """The first field whose name or value, percent-decoded, is not UTF-8 (Django decodes forms as UTF-8)."""
     for pair in body.split(b"&"):
         name, _, value = pair.partition(b"=")
         for part in (name, value):
             try:
-                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+                decoded = unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
             except UnicodeDecodeError:
                 return _message(unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace"))
+            if "\x00" in decoded:
+                return _nul_message(unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace"))
     return None
 
 
@@ -51,6 +58,8 @@ def multipart_problem(request: HttpRequest, body: bytes) -> str | None:
     seen = 0
     first = None
     for name, values in fields:
+        if "\x00" in name or any("\x00" in value for value in values):
+            return _nul_message(name)
         count = name.count(REPLACEMENT) + sum(value.count(REPLACEMENT) for value in values)
         if count and first is None:
             first = name

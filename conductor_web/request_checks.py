@@ -1,6 +1,6 @@
 """Requests that cannot be read as asked get a 400 with the reason, never a 500 or a silent guess.
 
-- A query string (or a form body) with a NUL byte or bytes that are not UTF-8 is refused before any view runs: no
+- A query string with a NUL byte or bytes that are not UTF-8 is refused before any view runs: no
   filter can hold it (PostgreSQL text cannot hold NUL) and decoding it would alter what was asked.
 - A page that raises audit.params.InvalidParameter (a filter it cannot apply) renders the reason
   with the status 400. The REST API answers those itself (they are DRF parse errors).
@@ -27,16 +27,6 @@ def query_string_problem(raw: str) -> str | None:
     return None
 
 
-def form_body_problem(request: HttpRequest) -> str | None:
-    """A form field with a NUL byte: no text column can hold it (forms say so; views reading
-    request.POST directly would fail in the database)."""
-    if request.method != "POST" or not request.body:
-        return None
-    if b"%00" in request.body or b"\x00" in request.body:
-        return "the form contains a NUL byte"
-    return None
-
-
 def bad_request(request: HttpRequest, message: str) -> HttpResponse:
     if request.path.startswith("/api/") or "application/json" in request.headers.get("Accept", ""):
         return JsonResponse({"detail": message}, status=400)
@@ -50,8 +40,6 @@ class BadRequestMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         problem = query_string_problem(request.META.get("QUERY_STRING", ""))
-        if problem is None and request.content_type == "application/x-www-form-urlencoded":
-            problem = form_body_problem(request)
         if problem:
             return bad_request(request, problem)
         return self.get_response(request)

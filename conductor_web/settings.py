@@ -107,10 +107,10 @@ if not DATABASES["default"]["HOST"] and DATABASES["default"]["OPTIONS"].get("hos
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # channels-redis waits for messages with a blocking pop of 5 s (RedisChannelLayer.brpop_timeout);
-# redis-py (8+) gives every connection a 5 s socket timeout unless told otherwise, so an idle wait
-# raised TimeoutError, which killed the consumer and dropped every idle websocket after ~5 s. The
-# read timeout must outlast the blocking pop (it still bounds a hung Redis). A socket_timeout in
-# REDIS_URL's query string would override this one: leave it out of REDIS_URL.
+# redis-py (8.1, as installed) gives every connection a 5 s socket timeout unless told otherwise, on
+# TCP and Unix sockets alike: an idle wait raised TimeoutError, which killed the consumer and dropped
+# every idle websocket after ~5 s. The read timeout must outlast the blocking pop (it still bounds a
+# hung Redis). A socket_timeout in REDIS_URL's query string would override this one: leave it out.
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

@@ -1,9 +1,22 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+
+class FaviconView(RedirectView):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the SVG icon."""
+
+    permanent = False
+
+    def get_redirect_url(self, *args, **kwargs) -> str:
+        return static("favicon.svg")
+
+
 urlpatterns = [
+    path("favicon.ico", FaviconView.as_view(), name="favicon"),
     path("", include("routing.urls")),
     path("api/training/", include("training.api_urls")),
     path("api/", include("routing.api_urls")),

@@ -13,7 +13,7 @@
   const FINISHED = new Set(["succeeded", "failed"]);
   const COALESCE_MS = 150; // events come in bursts (a step ends, the next starts): one re-read each
   const BACKOFF_MS = [1000, 2000, 4000, 8000, 15000, 30000];
-  const state = { status: body.dataset.status, socket: null, failures: 0, refreshes: 0, inFlight: false, again: false, timer: null, finished: false, events: 0, opens: 0 };
+  const state = { status: body.dataset.status, socket: null, failures: 0, refreshes: 0, inFlight: false, again: false, timer: null, finished: false, events: 0, opens: 0, refreshFailures: 0 };
   window.__conductorTaskLive = state; // for tests and debugging
 
   function show(name, text) {
@@ -36,8 +36,14 @@
       if (!response.ok || response.redirected) throw new Error("HTTP " + response.status);
       const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
       apply(fresh);
+      state.refreshFailures = 0;
     } catch (err) {
-      if (!state.finished) show("error", "update failed");
+      if (!state.finished) {
+        show("error", "update failed");
+        // Try again a few times, further apart; after that the next event (or reconnect) will.
+        if (state.refreshFailures < BACKOFF_MS.length) setTimeout(schedule, BACKOFF_MS[state.refreshFailures]);
+        state.refreshFailures += 1;
+      }
     } finally {
       state.inFlight = false;
       if (state.again) schedule();

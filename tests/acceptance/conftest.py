@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 from django.test import override_settings
 
+from tests.acceptance.crawl import IDENTITIES, ROLE_OF
 from tests.acceptance.record import Record, build_record
 from tests.openai_server import OpenAIServer
 
@@ -67,3 +68,39 @@ def _flush(connection, call_command) -> None:
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET session_replication_role = origin")
+
+
+@pytest.fixture(scope="package")
+def identities(record, django_db_blocker) -> dict[str, tuple[object | None, str | None]]:
+    """identity -> (user, API token key or None); committed beside the record, so that the
+    websocket's own threads see them too."""
+    from django.contrib.auth import get_user_model
+
+    from audit.roles import token_create, user_set_roles
+
+    made: dict[str, tuple[object | None, str | None]] = {"anonymous": (None, None)}
+    with django_db_blocker.unblock():
+        for identity in IDENTITIES[1:]:
+            user = get_user_model().objects.create_user(username=f"sweep-{identity.replace(' ', '-')}")
+            role = ROLE_OF.get(identity)
+            user_set_roles(user=user, roles=[role] if role else [])
+            made[identity] = (user, token_create(user=user, role=role, name="sweep").key if role else None)
+            SESSION_COOKIES[identity] = _committed_session_cookie(user)
+    return made
+
+
+SESSION_COOKIES: dict[str, str] = {}
+
+
+def _committed_session_cookie(user) -> str:
+    """A session for `user` in the database (committed: the websocket reads it from its own thread)."""
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    store = SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    return f"{settings.SESSION_COOKIE_NAME}={store.session_key}"

@@ -9,17 +9,17 @@ Cells: a status code, or "login" (a redirect to the login page).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
-from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.acceptance.crawl import IDENTITIES, ROLE_OF, Route, fill, markdown_table, routes
+from tests.acceptance.conftest import SESSION_COOKIES
+from tests.acceptance.crawl import IDENTITIES, Route, fill, markdown_table, routes
 
 pytestmark = pytest.mark.django_db
 
@@ -39,6 +39,7 @@ TRAINING_READERS_API = _row(403, 403, 200, 403, 200, 200)
 TRAINING_ACTION_API = _row(403, 403, 405, 403, 405, 405)  # POST actions, read by GET: allowed readers get 405
 POST_ONLY = _row(405, 405, 405, 405, 405, 405)
 OPEN = _row(200, 200, 200, 200, 200, 200)
+TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
 
 # The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
 # (`/api/tasks.json`) answer as their route does.
@@ -96,6 +97,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "training:evaluate": POST_ONLY,
     "schema": EVERYONE_API,
     "login": OPEN,
+    "favicon": TO_STATIC,
     "logout": POST_ONLY,
 }
 
@@ -145,39 +147,6 @@ NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
 
 
 # --- Users ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="package")
-def identities(record, django_db_blocker) -> dict[str, tuple[object | None, str | None]]:
-    """identity -> (user, API token key or None); committed beside the record, so that the
-    websocket's own threads see them too."""
-    from audit.roles import token_create, user_set_roles
-
-    made: dict[str, tuple[object | None, str | None]] = {"anonymous": (None, None)}
-    with django_db_blocker.unblock():
-        for identity in IDENTITIES[1:]:
-            user = get_user_model().objects.create_user(username=f"sweep-{identity.replace(' ', '-')}")
-            role = ROLE_OF.get(identity)
-            user_set_roles(user=user, roles=[role] if role else [])
-            made[identity] = (user, token_create(user=user, role=role, name="sweep").key if role else None)
-            SESSION_COOKIES[identity] = _committed_session_cookie(user)
-    return made
-
-
-SESSION_COOKIES: dict[str, str] = {}
-
-
-def _committed_session_cookie(user) -> str:
-    """A session for `user` in the database (committed: the websocket reads it from its own thread)."""
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.contrib.sessions.backends.db import SessionStore
-
-    store = SessionStore()
-    store[SESSION_KEY] = str(user.pk)
-    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
-    store.create()
-    return f"{settings.SESSION_COOKIE_NAME}={store.session_key}"
 
 
 def session_client(identities, identity: str) -> Client:
@@ -349,7 +318,15 @@ def test_the_websocket_admits_the_roles_the_task_page_admits(record, identities)
             await communicator.disconnect()
             return connected, code
 
-        connected, code = async_to_sync(connect)()
+        # In a thread of its own: the consumer's database calls run there, on a connection of their own
+        # (channels closes it after each call), not on this test's, which holds an open transaction.
+        result: list = []
+        thread = threading.Thread(
+            target=lambda connect=connect, result=result: result.append(async_to_sync(connect)())
+        )
+        thread.start()
+        thread.join(30)
+        connected, code = result[0]
         may = EXPECTED["routing:task-detail"][identity] == 200
         assert connected is may, f"websocket as {identity}: connected={connected} code={code}"
 

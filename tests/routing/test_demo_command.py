@@ -4,6 +4,7 @@ demo left running. Real processes: the demo, daphne, two Celery workers (with th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ from tests.conftest import ROOT, database_url, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-GRACE_S = 5
+GRACE_S = 3
 
 
 def _free_port() -> int:
@@ -66,7 +67,7 @@ def _logged_ready(var_dir: Path) -> bool:
 def start_demo(transactional_db, tmp_path):
     from django.conf import settings
 
-    from routing.models import ConductorVersion
+    from routing.models import Attempt, ConductorVersion
 
     # A learned conductor exists, so the demo skips its one-time training (tens of seconds).
     ConductorVersion.objects.create(name="learned-test", backend=ConductorVersion.Backend.LEARNED)
@@ -105,8 +106,8 @@ def start_demo(transactional_db, tmp_path):
                 raise AssertionError(f"the demo exited ({proc.returncode}):\n{demo.log()}")
             if not (_answers(port) and _logged_ready(demo.var_dir)):
                 return False
-            if busy:
-                return "routing.tasks.run_workflow" in (demo.var_dir / "log" / "worker.log").read_text()
+            if busy:  # a provider call is under way (the replay pool answers after 300 s)
+                return Attempt.objects.filter(status=Attempt.Status.STARTED).exists()
             return "Serving" in demo.log()
 
         wait_for(ready, timeout=240, interval=0.5, what="the demo to serve")
@@ -140,9 +141,10 @@ def _assert_all_stopped(demo: Demo) -> None:
 def test_ctrl_c_stops_web_workers_and_beat_even_with_a_run_in_flight(start_demo):
     demo = start_demo(count=1, busy=True)  # Ctrl-C while the batch runs: a worker will not finish soon
 
-    demo.proc.send_signal(signal.SIGINT)
+    os.killpg(demo.proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: its foreground group
 
-    demo.proc.wait(GRACE_S + 30)
+    # The busy worker's warm shutdown would wait for the run: it is killed once the grace period is over.
+    demo.proc.wait(GRACE_S + 12)
     _assert_all_stopped(demo)
     assert "Stopping" in demo.log()
 
@@ -174,3 +176,43 @@ def test_services_stop_stops_what_a_killed_demo_left_running(start_demo):
     assert result.returncode == 0, result.stderr
     assert "web" in result.stdout and "worker" in result.stdout, result.stdout
     _assert_all_stopped(demo)
+
+
+# --- the records `services stop` reads ------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_recorded_group_is_stopped_whole_and_a_reused_pid_is_left_alone(tmp_path):
+    from conductor_web import embedded
+
+    def start() -> tuple[subprocess.Popen, psutil.Process]:
+        # A leader with a child in its group, like a Celery worker and its pool process.
+        leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+        child = wait_for(lambda: psutil.Process(leader.pid).children(), what="the child")[0]
+        return leader, child
+
+    ours, ours_child = start()
+    embedded.process_record(tmp_path, "ours", ours.pid, group=True)
+    theirs, theirs_child = start()
+    embedded.process_record(tmp_path, "theirs", theirs.pid, group=True)
+    # As if the recorded program had exited and its pid now led another one's group, started later.
+    record = tmp_path / "run" / "theirs.json"
+    data = json.loads(record.read_text())
+    record.write_text(
+        json.dumps({**data, "cmdline": ["another", "program"], "started": data["started"] - 100})
+    )
+    try:
+        assert embedded.process_running(tmp_path, "ours") == ours.pid
+        assert embedded.process_running(tmp_path, "theirs") is None
+
+        assert embedded.processes_stop(tmp_path, grace=5) == ["ours"]
+
+        ours.wait(5)
+        assert not _alive(ours_child)
+        assert theirs.poll() is None and _alive(theirs_child)
+        assert not list((tmp_path / "run").glob("*.json"))
+    finally:
+        for proc in (ours, theirs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

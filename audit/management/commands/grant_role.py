@@ -1,4 +1,7 @@
-from django.contrib.auth import get_user_model
+import sys
+
+from django.contrib.auth import get_user_model, password_validation
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -8,24 +11,56 @@ from audit.services import Actor, event_record
 
 
 class Command(BaseCommand):
-    help = "Set a user's roles (creating the user if asked); optionally issue an API token for one role."
+    help = (
+        "Set a user's roles (auditor, operator, ml_staff, admin; they replace the roles it had) and optionally "
+        "print an API token for one of them. The user must exist (an admin made with `createsuperuser`, "
+        "a user made on the admin site), or pass --create to make it here: its password is read from "
+        "standard input, e.g. `echo 'a long passphrase' | manage.py grant_role alice auditor --create` "
+        "(asked for, twice, when standard input is a terminal), and must pass the password rules "
+        "(AUTH_PASSWORD_VALIDATORS)."
+    )
+    stealth_options = ("stdin",)
 
     def add_arguments(self, parser):
         parser.add_argument("username")
-        parser.add_argument("roles", nargs="+", choices=Role.values)
+        parser.add_argument("roles", nargs="+", choices=Role.values, help="the user's roles from now on")
         parser.add_argument(
-            "--create", action="store_true", help="create the user; the password is read from stdin"
+            "--create",
+            action="store_true",
+            help="create the user if there is none, with the password read from standard input "
+            "(the first line; asked for when standard input is a terminal); "
+            "an existing user keeps its password",
         )
-        parser.add_argument("--token", choices=Role.values, help="print a new API token carrying this role")
+        parser.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="with --create: read the password from standard input's first line, never ask for it",
+        )
+        parser.add_argument(
+            "--no-password",
+            action="store_true",
+            help="with --create: no password (the user cannot log in to pages; for API tokens only)",
+        )
+        parser.add_argument(
+            "--token",
+            choices=Role.values,
+            help="print a new API token carrying this role (one of the user's)",
+        )
 
     def handle(self, *args, **o):
         user_model = get_user_model()
-        user = user_model.objects.filter(username=o["username"]).first()
+        username = o["username"]
+        user = user_model.objects.filter(**{user_model.USERNAME_FIELD: username}).first()
         if user is None:
             if not o["create"]:
-                raise CommandError(f"no user {o['username']!r}; pass --create")
-            password = input().strip() if not self.stdin_is_tty() else ""
-            user = user_model.objects.create_user(username=o["username"], password=password or None)
+                raise CommandError(
+                    f"there is no user {username!r}. Create it with its roles by adding --create; the "
+                    "password is read from standard input, e.g.\n"
+                    f"  echo 'a long passphrase' | python manage.py grant_role {username} "
+                    f"{' '.join(o['roles'])} --create\n"
+                    "or make an admin with `python manage.py createsuperuser`."
+                )
+            user = self._create(user_model, username, o)
         with transaction.atomic():
             user_set_roles(user=user, roles=o["roles"])
             event_record(
@@ -34,7 +69,7 @@ class Command(BaseCommand):
                 obj=user,
                 payload={"roles": sorted(o["roles"])},
             )
-        self.stdout.write(f"{user.username}: {', '.join(sorted(o['roles']))}")
+        self.stdout.write(f"{user.get_username()}: {', '.join(sorted(o['roles']))}")
         if o["token"]:
             try:
                 token = token_create(user=user, role=o["token"], name="cli")
@@ -42,8 +77,28 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"token ({o['token']}): {token.key}")
 
-    @staticmethod
-    def stdin_is_tty() -> bool:
-        import sys
+    def _create(self, user_model, username: str, o: dict):
+        if o["no_password"]:
+            return user_model.objects.create_user(username=username, password=None)
+        password = self._read_password(o)
+        if not password:
+            raise CommandError(
+                "the password is empty: give it on standard input (echo 'a long passphrase' | ...), "
+                "or pass --no-password for a user that only uses API tokens"
+            )
+        try:
+            password_validation.validate_password(password, user_model(username=username))
+        except ValidationError as exc:
+            raise CommandError("the password was refused: " + " ".join(exc.messages)) from exc
+        return user_model.objects.create_user(username=username, password=password)
 
-        return sys.stdin.isatty()
+    def _read_password(self, o: dict) -> str:
+        stdin = o.get("stdin") or sys.stdin
+        if o["password_stdin"] or not stdin.isatty():
+            return stdin.readline().rstrip("\r\n")
+        import getpass
+
+        password = getpass.getpass(f"Password for {o['username']}: ")
+        if password != getpass.getpass("Password (again): "):
+            raise CommandError("the two passwords differ")
+        return password
