@@ -28,7 +28,8 @@ def query_string_problem(raw: str) -> str | None:
 
 
 def bad_request(request: HttpRequest, message: str) -> HttpResponse:
-    if request.path.startswith("/api/") or "application/json" in request.headers.get("Accept", ""):
+    wants_json = request.path.endswith(".json") or "application/json" in request.headers.get("Accept", "")
+    if request.path.startswith("/api/") or wants_json:
         return JsonResponse({"detail": message}, status=400)
     response = TemplateResponse(request, "400.html", {"message": message}, status=400)
     return response.render()

@@ -85,4 +85,5 @@ def test_the_page_and_every_chart_csv(client, make_user, replay_runs):
         assert response.status_code == 200 and rows, chart
     filtered = client.get("/analytics/", {"chart": "cost_by_worker", "classification": "confidential"})
     assert filtered.content == b""  # nothing confidential was run
-    assert client.get("/analytics/", {"chart": "nope"}).status_code == 404
+    unknown = client.get("/analytics/", {"chart": "nope"})
+    assert unknown.status_code == 400 and b"chart" in unknown.content  # refused, with the reason
