@@ -64,18 +64,15 @@ def integer(
     return number
 
 
-def uuid(params: Mapping[str, str], name: str, *, prefix: bool = False) -> str:
-    """A UUID (as text, lower case), or with prefix=True also its first hex digits (at least 4: the
-    short ids pages show); '' when absent."""
+def uuid(params: Mapping[str, str], name: str) -> str:
+    """A UUID, as text in lower case; '' when absent."""
     value = text(params, name).lower()
     if not value:
         return ""
-    if (prefix and re.fullmatch(r"[0-9a-f]{4,32}", value)) or re.fullmatch(r"[0-9a-f-]{36}", value):
-        try:
-            return str(UUID(value)) if len(value) == 36 else value
-        except ValueError:
-            pass
-    raise InvalidParameter(name, f"{value!r} is not a task id (a UUID or its first hex digits)")
+    try:
+        return str(UUID(value))
+    except ValueError:
+        raise InvalidParameter(name, f"{value!r} is not a task id (a UUID)") from None
 
 
 def moment(params: Mapping[str, str], name: str, *, end: bool = False) -> datetime | None:

@@ -66,13 +66,18 @@ def normalise_all(values: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(v for v in (normalise(value) for value in values) if v))
 
 
+def data_classes() -> list[str]:
+    """The data classes tasks carry (from the app that owns tasks)."""
+    return normalise_all(_registered().data_classes())
+
+
 def known_values() -> dict[str, list[str]]:
     """The values a rule may name, per field: vendors and regions of the registered workers, data classes."""
     vocabulary = _registered()
     return {
         "vendors": sorted(set(normalise_all(vocabulary.vendors()))),
         "regions": sorted(set(normalise_all(vocabulary.regions()))),
-        "data_classes": normalise_all(vocabulary.data_classes()),
+        "data_classes": data_classes(),
     }
 
 

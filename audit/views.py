@@ -13,9 +13,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from routing import selectors as routing_selectors
-from routing.models import DataClass, Task
+from routing.models import Task
 
-from . import params, selectors
+from . import params, policies, selectors
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
 from .models import Role
 from .roles import request_roles, role_required
@@ -174,7 +174,7 @@ def vendor_report(request: HttpRequest) -> HttpResponse:
     since, until = params.period(request.GET)
     rows = selectors.vendor_exposure(since=since, until=until)
     vendor = params.text(request.GET, "vendor")
-    classification = params.choice(request.GET, "classification", DataClass.values)
+    classification = params.choice(request.GET, "classification", policies.data_classes())
     tasks = (
         selectors.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
         if vendor and classification

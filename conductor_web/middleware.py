@@ -1,5 +1,11 @@
-"""Form bodies that are not valid UTF-8, or hold a NUL byte, are refused with a 400: never stored
-with replacement characters, never a database error.
+"""Requests that cannot be read as asked get a 400 with the reason, never a 500 or a silent guess.
+
+- A query string with a NUL byte or bytes that are not UTF-8 is refused before any view runs: no
+  filter can hold it (PostgreSQL text cannot hold NUL) and decoding it would alter what was asked.
+- So is a form body that is not valid UTF-8, or holds a NUL byte: never stored with replacement
+  characters, never a database error.
+- A page that raises audit.params.InvalidParameter (a filter it cannot apply) renders the reason
+  with the status 400. The REST API answers those itself (they are DRF parse errors).
 
 Django decodes form bodies leniently: percent-escapes of invalid bytes become U+FFFD, raw non-ASCII
 bytes are read as Latin-1, and multipart fields are decoded with errors="replace". A task submitted
@@ -15,15 +21,32 @@ from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.template.response import TemplateResponse
 
-from .request_checks import bad_request
+from audit.params import InvalidParameter
 
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 METHODS_WITH_BODY = {"POST", "PUT", "PATCH", "DELETE"}
 REPLACEMENT = "\ufffd"
+
+
+def _percent_decoded(part: str | bytes) -> str:
+    """A query string or url-encoded form part as Django reads it, decoded strictly (UnicodeDecodeError)."""
+    plus, space = ("+", " ") if isinstance(part, str) else (b"+", b" ")
+    return unquote_to_bytes(part.replace(plus, space)).decode("utf-8")  # type: ignore[arg-type]
+
+
+def query_string_problem(raw: str) -> str | None:
+    try:
+        decoded = _percent_decoded(raw)
+    except UnicodeDecodeError:
+        return "the query string is not valid UTF-8"
+    if "\x00" in decoded:
+        return "the query string contains a NUL byte"
+    return None
 
 
 def _message(field: str) -> str:
@@ -40,7 +63,7 @@ def urlencoded_problem(body: bytes) -> str | None:
         name, _, value = pair.partition(b"=")
         for part in (name, value):
             try:
-                decoded = unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+                decoded = _percent_decoded(part)
             except UnicodeDecodeError:
                 return _message(unquote_to_bytes(name.replace(b"+", b" ")).decode("utf-8", "replace"))
             if "\x00" in decoded:
@@ -90,12 +113,25 @@ def body_problem(request: HttpRequest) -> str | None:
     return None
 
 
-class Utf8BodyMiddleware:
+def bad_request(request: HttpRequest, message: str) -> HttpResponse:
+    wants_json = request.path.endswith(".json") or "application/json" in request.headers.get("Accept", "")
+    if request.path.startswith("/api/") or wants_json:
+        return JsonResponse({"detail": message}, status=400)
+    response = TemplateResponse(request, "400.html", {"message": message}, status=400)
+    return response.render()
+
+
+class BadRequestMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        problem = body_problem(request)
+        problem = query_string_problem(request.META.get("QUERY_STRING", "")) or body_problem(request)
         if problem:
             return bad_request(request, problem)
         return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, InvalidParameter):
+            return bad_request(request, str(exception.detail))
+        return None

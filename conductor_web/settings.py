@@ -65,11 +65,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Last, so that its 400 page has the user and messages; refuses NUL or non-UTF-8 query strings.
-    "conductor_web.request_checks.BadRequestMiddleware",
-    # Refuses form bodies that are not valid UTF-8 (Django would store them with U+FFFD). Before any
-    # view runs (in __call__, so before the CSRF check reads the form), after what its 400 page uses.
-    "conductor_web.middleware.Utf8BodyMiddleware",
+    # Last, so that its 400 page has the user and messages; refuses NUL or non-UTF-8 query strings and
+    # form bodies before any view runs (in __call__, so before the CSRF check reads the form).
+    "conductor_web.middleware.BadRequestMiddleware",
 ]
 
 ROOT_URLCONF = "conductor_web.urls"

@@ -41,6 +41,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from audit.models import PolicyRule
+from audit.policies import policy_rule_save
 from audit.retention import retention_purge
 from audit.services import Actor, event_record, legal_hold_place
 from routing import engine, replay
@@ -207,16 +208,8 @@ def _register_llm_conductor(server: OpenAIServer) -> ConductorVersion:
 
 
 def _policy_rule(**fields: Any) -> PolicyRule:
-    """A rule with its audit event, as the audited admin writes one (there is no service for rules)."""
-    with transaction.atomic():
-        rule = PolicyRule.objects.create(**fields)
-        event_record(
-            actor=BUILDER,
-            action="policyrule.registered",
-            obj=rule,
-            payload={"via": "acceptance", "changed": {k: str(v) for k, v in fields.items()}},
-        )
-    return rule
+    """A rule, checked and stored with its audit event by the same service the admin uses."""
+    return policy_rule_save(rule=PolicyRule(**fields), actor=BUILDER, via="acceptance")
 
 
 def _train(name: str, options: dict[str, Any], dataset: Any = None) -> TrainingJob:

@@ -6,7 +6,6 @@ test-artifacts/sweep-load-times.json."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from django.conf import settings
 
 from tests.acceptance.conftest import SESSION_COOKIES
 from tests.acceptance.test_sweep import EXPECTED, MAIN_ROUTES, route_path
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, ROOT, DaphneServer
+from tests.browser.conftest import ROOT, DaphneServer, chromium_launched
 
 pytestmark = pytest.mark.django_db
 
@@ -50,21 +49,8 @@ def daphne(record, identities) -> Iterator[DaphneServer]:
 
 @pytest.fixture(scope="package")
 def chromium(daphne):
-    from playwright.sync_api import sync_playwright
-
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # see tests/browser/conftest.py
-    playwright = sync_playwright().start()
-    try:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with chromium_launched() as browser:
         yield browser
-        browser.close()
-    finally:
-        playwright.stop()
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 class Visit:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,9 @@ CHROMIUM_ARGS = [
 PASSWORD = "correct horse battery staple"
 
 
-@pytest.fixture(scope="package")
-def browser() -> Iterator[Browser]:
+@contextmanager
+def chromium_launched() -> Iterator[Browser]:
+    """Debian's Chromium, headless, driven by Playwright's sync API."""
     # Playwright's sync API runs its asyncio loop in a greenlet of this thread, and the loop stays
     # marked as running in this thread while Playwright is started. Django's ORM then refuses to run
     # here (SynchronousOnlyOperation) though nothing is async: allow it while, and only while,
@@ -50,6 +52,12 @@ def browser() -> Iterator[Browser]:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         else:
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="package")
+def browser() -> Iterator[Browser]:
+    with chromium_launched() as chromium:
+        yield chromium
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from audit.verify import verify
 from routing import engine
 from routing.models import Attempt, ConductorVersion, Run, RunStatus, Step, StepStatus, Task
 from routing.providers import NO_RECORDED_ANSWER, NO_RECORDED_ANSWER_MESSAGE
-from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
+from tests.routing.test_engine import run_now, submit
 from training.policy import Policy, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,17 +40,6 @@ def learned_cascade(path: Path, workers: tuple[str, str, str]) -> ConductorVersi
     ConductorVersion.objects.exclude(pk=version.pk).update(is_active=False)
     ConductorVersion.objects.filter(pk=version.pk).update(is_active=True)
     return version
-
-
-def submit(text: str, **kwargs) -> Run:
-    task, _ = task_submit(submission=TaskSubmission(text=text, **kwargs), source=Task.Source.WEB)
-    return task.runs.get()
-
-
-def run_now(run: Run) -> Run:
-    engine.execute_run(run.pk)
-    run.refresh_from_db()
-    return run
 
 
 def assert_settled(run: Run) -> dict[tuple[int, int, str], Step]:
