@@ -177,6 +177,9 @@ CONDUCTOR_DEFAULT_MAX_USD: Decimal = env_decimal("CONDUCTOR_DEFAULT_MAX_USD", "1
 CONDUCTOR_DEFAULT_BACKEND = env_choice("CONDUCTOR_DEFAULT_BACKEND", "static", {"static", "llm"})
 
 CONDUCTOR_REPLAY_LATENCY_S = env_float("CONDUCTOR_REPLAY_LATENCY_S", 0.0, minimum=0.0)
+# The environment variables a worker or LLM conductor may name as its API key: CONDUCTOR_KEY_<NAME>,
+# and these (e.g. OPENAI_API_KEY where a deployment already has it). Nothing else is ever sent as a key.
+CONDUCTOR_KEY_ENV_ALLOW = env_list("CONDUCTOR_KEY_ENV_ALLOW", [])
 # The worker (slug) that grades answers for tasks scored by "judge"; empty: such tasks get no score.
 CONDUCTOR_JUDGE_WORKER = env_str("CONDUCTOR_JUDGE_WORKER", "")
 # The vLLM server (OpenAI API) that serves LLM conductors trained here: their LoRA adapters are loaded

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Protocol
 
 from .models import CONDUCTOR_SLUG, ConductorVersion, Worker
 from .plans import MAX_STEPS, workflow_schema
-from .providers import complete
+from .providers import complete, endpoint_api_key
 
 
 @dataclass(frozen=True)
@@ -280,7 +279,7 @@ class LLMConductor:
             model=self.model,
             messages=messages,
             api_base=self.api_base,
-            api_key=os.environ.get(self.api_key_env) if self.api_key_env else "none",
+            api_key=endpoint_api_key(self.api_key_env, self.api_base) or "none",
             temperature=self.temperature if request.temperature is None else request.temperature,
             max_tokens=self.max_tokens,
             logprobs=True,

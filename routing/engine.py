@@ -47,6 +47,7 @@ from .models import (
 )
 from .plans import MAX_STEPS, Plan, PlanError, parse_plan
 from .providers import ProviderCallError, complete, worker_api_key
+from .secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def execute_run(run_id: int) -> None:
         except Exception as exc:
             # A bug or an outage: leave a clear failed state rather than a run stuck in "running".
             log.exception("run %s failed unexpectedly", run_id)
-            _fail(run, f"internal error: {type(exc).__name__}: {exc}", "internal")
+            _fail(run, redact(f"internal error: {type(exc).__name__}: {exc}"), "internal")
             raise
 
 
@@ -610,7 +611,6 @@ def _call_worker(run: Run, step: Step) -> None:
     counted = step.attempts.exclude(status=Attempt.Status.LOST)
     made = counted.count()
     number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
-    api_key = worker_api_key(worker)
     while True:
         _check_cost_budget(run, step)
         attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
@@ -620,7 +620,7 @@ def _call_worker(run: Run, step: Step) -> None:
                 model=worker.litellm_model,
                 messages=step.messages_sent,
                 api_base=worker.api_base,
-                api_key=api_key,
+                api_key=worker_api_key(worker),  # a key outside the allow-list fails this attempt, unmade
                 metadata={"replay_item": run.task.source_item, "run": str(run.correlation_id)},
             )
         except ProviderCallError as exc:

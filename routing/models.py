@@ -14,9 +14,12 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
+
+from .secrets import key_env_check
 
 USD = {"max_digits": 20, "decimal_places": 10}
 ZERO = Decimal("0")
@@ -51,7 +54,10 @@ class Worker(models.Model):
     )
     api_base = models.URLField(max_length=500, blank=True)
     api_key_env = models.CharField(
-        max_length=100, blank=True, help_text="Name of the environment variable holding the API key"
+        max_length=100,
+        blank=True,
+        validators=[key_env_check],
+        help_text="Name of the environment variable holding the API key: CONDUCTOR_KEY_<NAME>",
     )
     vendor = models.CharField(
         max_length=80, help_text="Who receives the data: openai, anthropic, self-hosted..."
@@ -118,6 +124,14 @@ class ConductorVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.backend})"
+
+    def clean(self) -> None:
+        if not isinstance(self.config, dict):
+            raise ValidationError({"config": "a JSON object"})
+        try:
+            key_env_check(str(self.config.get("api_key_env") or ""))
+        except ValidationError as exc:
+            raise ValidationError({"config": exc.messages}) from exc
 
 
 class RunStatus(models.TextChoices):

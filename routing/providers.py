@@ -6,7 +6,6 @@ Errors are classified once, here, into the statuses an Attempt records.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,10 +20,12 @@ from litellm.utils import custom_llm_setup
 
 from . import replay
 from .models import Attempt
+from .secrets import KeyNotAllowed, api_key_of, redact
 
 REPLAY_PROVIDER = "replay"
 
 NO_RECORDED_ANSWER = "no_recorded_answer"  # ProviderCallError.code: the replay pool cannot answer this
+KEY_NOT_ALLOWED = "key_not_allowed"  # ProviderCallError.code: the key reference is outside the allow-list
 NO_RECORDED_ANSWER_MESSAGE = (
     "replay pool: no recorded answer for this text; the offline pool only answers the benchmark items "
     "it recorded (pick a sample task on the submit page)"
@@ -152,16 +153,17 @@ def _replay_no_recording(exc: BaseException) -> ReplayNoRecording | None:
     return None
 
 
-def classify(exc: Exception) -> ProviderCallError:
+def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> ProviderCallError:
+    """The attempt status of a failed call. Its message is redacted (`secrets`: the keys the call
+    sent) and capped before anything can store it: providers echo requests, keys included."""
     no_recording = _replay_no_recording(exc)
     if no_recording is not None:
         # Shown as is: no litellm exception names, no retries (the pool would answer the same).
         return ProviderCallError(
-            Attempt.Status.CLIENT_ERROR, no_recording.plain_message[:2000], code=NO_RECORDED_ANSWER
+            Attempt.Status.CLIENT_ERROR, redact(no_recording.plain_message), code=NO_RECORDED_ANSWER
         )
     status_code = getattr(exc, "status_code", None)
-    message = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
-    message = message[:2000]
+    message = redact(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}", secrets)
     if isinstance(exc, litellm.Timeout) or status_code == 408:
         return ProviderCallError(Attempt.Status.TIMEOUT, message, http_status=status_code)
     if isinstance(exc, litellm.RateLimitError) or status_code == 429:
@@ -179,10 +181,18 @@ def classify(exc: Exception) -> ProviderCallError:
     )
 
 
+def endpoint_api_key(key_env: str, api_base: str) -> str | None:
+    """The key named by a worker's or conductor's `key_env` (only an allowed variable: routing.secrets);
+    "none" for a keyless endpoint of its own. A name outside the allow-list fails the call, unmade."""
+    try:
+        key = api_key_of(key_env)
+    except KeyNotAllowed as exc:
+        raise ProviderCallError(Attempt.Status.CLIENT_ERROR, str(exc), code=KEY_NOT_ALLOWED) from exc
+    return key or ("none" if api_base else None)
+
+
 def worker_api_key(worker: Any) -> str | None:
-    """The worker's key from its environment variable; "none" for a keyless endpoint of its own."""
-    key = os.environ.get(worker.api_key_env) if worker.api_key_env else None
-    return key or ("none" if worker.api_base else None)
+    return endpoint_api_key(worker.api_key_env, worker.api_base)
 
 
 def complete(
@@ -209,7 +219,7 @@ def complete(
             **params,
         )
     except Exception as exc:  # litellm maps every provider failure onto its exception types
-        raise classify(exc) from exc
+        raise classify(exc, secrets=(api_key,)) from exc
     choice = response.choices[0]
     text = choice.message.content or ""
     usage = getattr(response, "usage", None)

@@ -15,6 +15,7 @@ from audit.services import Actor, event_record
 from . import limits
 from .conductors import DEFAULT_STATIC_RULES
 from .models import ConductorVersion, DataClass, Run, Task, Worker
+from .secrets import ENDPOINT_FIELDS, key_env_check
 
 
 class SubmissionError(ValueError):
@@ -226,6 +227,11 @@ def worker_upsert(*, slug: str, fields: dict[str, Any], actor: Actor) -> tuple[W
                 obj=worker,
                 payload={"slug": slug, "fields": fields if created else changed},
             )
+        endpoint = {f: c for f, c in changed.items() if f in ENDPOINT_FIELDS}
+        if endpoint:  # where data and which key go: its own event, easy to find in the log
+            event_record(
+                actor=actor, action="worker.endpoint_changed", obj=worker, payload={"slug": slug, **endpoint}
+            )
     return worker, created
 
 
@@ -261,6 +267,10 @@ def worker_register(
             f"give both prices for {litellm_model}: "
             + ("litellm's cost map does not know it" if info is None else "one price alone is ambiguous")
         )
+    try:
+        key_env_check(api_key_env)
+    except ValidationError as exc:
+        raise SubmissionError(exc.messages[0]) from exc
     classes = data_classes or [DataClass.PUBLIC, DataClass.INTERNAL]
     unknown = set(classes) - set(DataClass.values)
     if unknown:

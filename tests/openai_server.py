@@ -36,6 +36,7 @@ class Recorded:
     started: float
     finished: float = 0.0
     status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def user_text(self) -> str:
@@ -75,7 +76,12 @@ class OpenAIServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                record = Recorded(model=body.get("model", ""), body=body, started=time.monotonic())
+                record = Recorded(
+                    model=body.get("model", ""),
+                    body=body,
+                    started=time.monotonic(),
+                    headers={k.lower(): v for k, v in self.headers.items()},
+                )
                 with server.lock:
                     server.requests.append(record)
                 if self.path.rstrip("/").endswith("/load_lora_adapter"):  # vLLM's runtime LoRA loading

@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit.services import Actor, event_record
 from routing import replay
 from routing.models import ConductorVersion, Run
+from routing.secrets import redact
 
 from .models import Evaluation, JobStatus, RolloutBatch, TrainingJob, TrainingMetric
 
@@ -91,7 +92,7 @@ def _train_job(job_id: int) -> None:
         return
     except Exception as exc:  # a failed job says why and stays failed (settle never restarts it)
         log.exception("training job %s failed", job_id)
-        _finish(job, JobStatus.FAILED, "training.job_failed", f"{type(exc).__name__}: {exc}")
+        _finish(job, JobStatus.FAILED, "training.job_failed", redact(f"{type(exc).__name__}: {exc}"))
         return
     _log(job, f"finished: candidate {version.name}, artifact {artifact}")
 
