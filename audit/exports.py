@@ -3,7 +3,6 @@ the signed checkpoint it verifies against; and a task's dossier as one self-cont
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import QuerySet
 
+from . import csv_safe
 from .checkpoints import checkpoint_latest
 from .models import AuditEvent
 
@@ -53,14 +53,15 @@ def _rows(qs: QuerySet[AuditEvent]) -> Iterator[tuple]:
 
 
 class _Line:
-    """A file-like object whose write returns the line, for csv.writer inside a generator."""
+    """A file-like object whose write returns the line, for a csv writer inside a generator."""
 
     def write(self, value: str) -> str:
         return value
 
 
 def stream_csv(qs: QuerySet[AuditEvent], *, filters: dict[str, str]) -> Iterable[str]:
-    writer = csv.writer(_Line())
+    # Cells a spreadsheet would read as a formula get a leading quote (csv_safe.original_cell undoes it).
+    writer = csv_safe.writer(_Line())
     yield writer.writerow(FIELDS)
     count = 0
     for row in _rows(qs):

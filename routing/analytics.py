@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,6 +11,8 @@ from typing import Any
 from django.db.models import Avg, Count, F, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
+
+from audit import csv_safe
 
 from .models import Run, RunStatus, Step, StepStatus
 
@@ -132,7 +133,7 @@ def as_csv(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0].keys()))
+    writer = csv_safe.DictWriter(out, fieldnames=list(rows[0].keys()))  # text cells never formulas
     writer.writeheader()
     for row in rows:
         writer.writerow({k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()})

@@ -8,6 +8,8 @@
   const runStatus = document.getElementById("run-status");
   const taskId = graph.dataset.task;
   const api = graph.dataset.api;
+  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them.
+  const CONTROLS = /[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]/g;
   const COLORS = { pending: "#c9ced6", running: "#2456c7", succeeded: "#1d7a3e", failed: "#b42318", skipped: "#9a6700" };
   const state = { task: null, run: null, lastSeq: 0, steps: new Map(), selected: null, socket: null, reloads: 0, latencies: [] };
   window.__conductorGraph = state; // for tests and debugging
@@ -117,7 +119,7 @@
   function draw() {
     const run = state.run;
     if (!run) { runStatus.textContent = "No run yet."; return; }
-    runStatus.textContent = "Run " + run.id + ": " + run.status + (run.error ? " — " + run.error : "") +
+    runStatus.textContent = "Run " + run.id + ": " + run.status + (run.error ? " — " + visible(run.error) : "") +
       " · " + fmtCost(run.cost_usd) + " · " + run.input_tokens + " / " + run.output_tokens + " tokens";
     const { pos, frames, bottom } = layout(run);
     state.steps = new Map(run.steps.map((s) => [s.id, s]));
@@ -193,7 +195,10 @@
     if (state.selected) renderPanel(state.steps.get(state.selected));
   }
 
-  function el(tag, text, cls) { const e = document.createElement(tag); if (text != null) e.textContent = text; if (cls) e.className = cls; return e; }
+  function visible(text) {
+    return String(text).replace(CONTROLS, (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
+  }
+  function el(tag, text, cls) { const e = document.createElement(tag); if (text != null) e.textContent = visible(text); if (cls) e.className = cls; return e; }
 
   function select(stepId) { state.selected = stepId; draw(); }
 

@@ -1,0 +1,36 @@
+"""`{% load display %}`: filters for showing untrusted text.
+
+`controls_visible` shows the characters that change how text reads without being seen: the bidi
+controls (a right-to-left override makes `exe.txt` of `txt.exe`) and the zero-width ones. The text is
+escaped first; each such character is then replaced by a visible marker naming it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from django import template
+from django.utils.html import conditional_escape
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+# Bidi embeddings and overrides, isolates, marks; zero-width spaces and joiners, word joiner, BOM.
+CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]")
+
+
+def _marker(match: re.Match[str]) -> str:
+    char = match.group()
+    code = f"U+{ord(char):04X}"
+    name = unicodedata.name(char, "")
+    # The code and the name are ours (ASCII), never the text's: nothing here needs escaping.
+    return f'<span class="ctl" title="{code} {name}">\u27e8{code}\u27e9</span>'
+
+
+@register.filter(is_safe=False)
+def controls_visible(value: Any) -> SafeString:
+    """The value escaped (unless already safe), with invisible bidi and zero-width characters shown."""
+    escaped = str(conditional_escape(value))
+    return mark_safe(CONTROLS.sub(_marker, escaped))  # noqa: S308 - escaped above; markers are ours
