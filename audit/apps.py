@@ -6,6 +6,7 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from . import auth_events
+        from . import auth_events, user_events
 
         auth_events.connect()
+        user_events.connect()

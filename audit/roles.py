@@ -4,11 +4,14 @@ the same names (superusers are admins); an API token carries one role, at most i
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
@@ -89,7 +92,91 @@ def user_set_roles(*, user: Any, roles: Iterable[str]) -> None:
         user.groups.add(*groups)
 
 
-def token_create(*, user: Any, role: str, name: str = "") -> ApiToken:
+# --- API tokens -----------------------------------------------------------------------------------
+# A token is "cw_" and 43 URL-safe characters (256 random bits). The database keeps its sha256 and its
+# first TOKEN_PREFIX_CHARS characters, never the token: whoever reads the database (a backup, a replica,
+# the admin site) cannot use a token they find there.
+
+TOKEN_MARK = "cw_"  # noqa: S105  (a marker, not a secret)
+TOKEN_PREFIX_CHARS = 10
+
+
+def token_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def token_create(
+    *, user: Any, role: str, name: str = "", days: int | None = None, actor: Any = None
+) -> ApiToken:
+    """Make an API token carrying `role` (one of the user's) for `days` (API_TOKEN_DEFAULT_DAYS unless
+    given; at most API_TOKEN_MAX_DAYS); audited as `token.created` by `actor` (the user, unless given).
+
+    Returns the saved row with the token itself in `.key`: on this object only, never stored, so it
+    can be shown once. A row read back from the database has no `.key`."""
+    from django.utils import timezone
+
+    from .services import Actor, event_record
+
     if role not in user_roles(user):
         raise ValueError(f"{user} does not hold the role {role!r}")
-    return ApiToken.objects.create(key=secrets.token_hex(20), user=user, role=role, name=name)
+    days = settings.API_TOKEN_DEFAULT_DAYS if days is None else days
+    if not 1 <= days <= settings.API_TOKEN_MAX_DAYS:
+        raise ValueError(f"a token lasts 1 to {settings.API_TOKEN_MAX_DAYS} days, not {days}")
+    key = TOKEN_MARK + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            key_hash=token_hash(key),
+            prefix=key[:TOKEN_PREFIX_CHARS],
+            user=user,
+            role=role,
+            name=name,
+            expires_at=timezone.now() + timedelta(days=days),
+        )
+        event_record(
+            actor=actor or Actor.for_user(user),
+            action="token.created",
+            obj=token,
+            payload={
+                "user": user.get_username(),
+                "role": role,
+                "name": name,
+                "prefix": token.prefix,
+                "expires_at": token.expires_at,
+            },
+        )
+    token.key = key  # type: ignore[attr-defined]  # the one time it is known
+    return token
+
+
+def token_revoke(*, token: ApiToken, actor: Any) -> bool:
+    """Revoke a token (audited as `token.revoked`); False when it was revoked already."""
+    from django.utils import timezone
+
+    from .services import event_record
+
+    with transaction.atomic():
+        row = ApiToken.objects.select_for_update().select_related("user").get(pk=token.pk)
+        if row.revoked_at is not None:
+            return False
+        row.revoked_at = timezone.now()
+        row.revoked_by = actor.name
+        row.save(update_fields=["revoked_at", "revoked_by"])
+        event_record(
+            actor=actor,
+            action="token.revoked",
+            obj=row,
+            payload={
+                "user": row.user.get_username(),
+                "role": row.role,
+                "name": row.name,
+                "prefix": row.prefix,
+            },
+        )
+    token.revoked_at, token.revoked_by = row.revoked_at, row.revoked_by
+    return True
+
+
+def tokens_visible(user: Any):
+    """The tokens `user` may see and revoke: its own; every token for the admin role."""
+    qs = ApiToken.objects.select_related("user")
+    return qs if Role.ADMIN in user_roles(user) else qs.filter(user=user)

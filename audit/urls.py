@@ -12,4 +12,5 @@ urlpatterns = [
     path("vendors/", views.vendor_report, name="vendors"),
     path("policies/", views.policy_report, name="policies"),
     path("verify/", views.verify_page, name="verify"),
+    path("tokens/", views.tokens, name="tokens"),
 ]

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.conf import settings
+from django.contrib import messages
+from django.core.validators import MaxValueValidator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -18,7 +21,15 @@ from routing.models import Task
 from . import params, policies, selectors
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
 from .models import Role
-from .roles import request_roles, role_required
+from .roles import (
+    EVERYONE,
+    request_roles,
+    role_required,
+    token_create,
+    token_revoke,
+    tokens_visible,
+    user_roles,
+)
 from .services import Actor, event_record, legal_hold_place, legal_hold_release, record_viewed
 from .verify import verify
 
@@ -216,3 +227,80 @@ def verify_page(request: HttpRequest) -> HttpResponse:
             request, "audit.verified", payload={"intact": report.intact, "summary": report.summary()}
         )
     return render(request, "audit/verify.html", {"report": report, "checkpoint": checkpoint_reference()})
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+
+
+TOKENS_LISTED = 500  # the newest; the admin site lists and searches every one
+
+
+class TokenCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What it is for, e.g. the script that uses it")
+    role = forms.ChoiceField(help_text="The token acts with this role only")
+    days = forms.IntegerField(min_value=1, label="Valid for (days)")
+
+    def __init__(self, *args: Any, roles: list[str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["role"].choices = [(r, Role(r).label) for r in roles]
+        days = self.fields["days"]
+        days.validators.append(MaxValueValidator(settings.API_TOKEN_MAX_DAYS))
+        days.widget.attrs["max"] = settings.API_TOKEN_MAX_DAYS
+        days.initial = settings.API_TOKEN_DEFAULT_DAYS
+        days.help_text = f"At most {settings.API_TOKEN_MAX_DAYS}"
+
+
+@role_required(*EVERYONE)
+def tokens(request: HttpRequest) -> HttpResponse:
+    """Your API tokens (every user's for the admin role): make one (shown once, in this response
+    only), revoke one. Both are audit events (`token.created`, `token.revoked`)."""
+    user = request.user
+    held = [r for r in Role.values if r in user_roles(user)]
+    form = TokenCreateForm(roles=held)
+    issued = None
+    status = 200
+    if request.method == "POST":
+        action = request.POST.get("action", "create")
+        if action == "revoke":
+            token_id = request.POST.get("token", "")
+            token = (
+                tokens_visible(user).filter(pk=int(token_id)).first()
+                if token_id.isdecimal() and len(token_id) <= 18
+                else None
+            )
+            if token is None:
+                raise Http404("No such token")
+            if token_revoke(token=token, actor=Actor.for_user(user)):
+                messages.success(request, f"Token {token.prefix}… ({token.name}) is revoked.")
+            return redirect("audit:tokens")
+        if action != "create":
+            return HttpResponse("action must be create or revoke", status=400, content_type="text/plain")
+        form = TokenCreateForm(request.POST, roles=held)
+        if form.is_valid():
+            data = form.cleaned_data
+            issued = token_create(
+                user=user,
+                role=data["role"],
+                name=data["name"],
+                days=data["days"],
+                actor=Actor.for_user(user),
+            )
+            form = TokenCreateForm(roles=held)
+        else:
+            status = 400
+    rows = tokens_visible(user).order_by("-created_at", "-id")[:TOKENS_LISTED]
+    response = render(
+        request,
+        "audit/tokens.html",
+        {
+            "form": form,
+            "issued": issued,
+            "rows": rows,
+            "all_users": Role.ADMIN in user_roles(user),
+            "now": timezone.now(),
+        },
+        status=status,
+    )
+    if issued is not None:
+        response["Cache-Control"] = "no-store"  # the token is in this page: keep it out of caches
+    return response

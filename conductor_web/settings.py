@@ -248,6 +248,11 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "routing:task-list"
 LOGOUT_REDIRECT_URL = "login"
+# API tokens (audit.roles.token_create): days until a new token expires, unless asked; the longest allowed.
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365, minimum=1)
+API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
+if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
+    raise ConfigError(f"API_TOKEN_DEFAULT_DAYS={API_TOKEN_DEFAULT_DAYS} exceeds API_TOKEN_MAX_DAYS")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -1,9 +1,10 @@
-from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
+
+from audit.admin import site as admin_site  # the admin site by role (not Django's staff flag)
 
 
 class FaviconView(RedirectView):
@@ -25,5 +26,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("admin/", admin.site.urls),
+    path("admin/", admin_site.urls),
 ]

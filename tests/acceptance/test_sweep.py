@@ -80,6 +80,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "audit:vendors": AUDITORS,
     "audit:policies": AUDITORS,
     "audit:verify": AUDITORS,
+    "audit:tokens": EVERYONE,
     "training:home": TRAINING_READERS,
     "training:job-start": POST_ONLY,
     "training:job": TRAINING_READERS,
@@ -445,6 +446,7 @@ MAY_POST: dict[str, tuple[str, ...]] = {
     "task-list": ("operator",),
     "audit:hold": (),
     "audit:verify": ("auditor",),
+    "audit:tokens": ("auditor", "operator", "ML staff"),  # each their own tokens
     "training:job-start": ("ML staff",),
     "training:job-cancel": ("ML staff",),
     "training:rollouts-start": ("ML staff",),

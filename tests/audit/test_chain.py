@@ -186,7 +186,7 @@ def some_record(db, audit_files, make_user):
         with transaction.atomic():
             event_record(actor=Actor.for_user(ann), action="note.added", obj=ann, payload={"i": i})
     checkpoint = checkpoint_create()
-    return AuditEvent.objects.filter(chain=GLOBAL_CHAIN).first(), checkpoint
+    return AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action="note.added").first(), checkpoint
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from audit.models import ApiToken, AuditEvent
-from audit.roles import user_roles
+from audit.roles import token_hash, user_roles
 from tests.conftest import ROOT, database_url
 
 pytestmark = pytest.mark.django_db
@@ -118,7 +118,9 @@ def test_no_password_makes_a_token_only_user_and_token_prints_one():
     assert not robot.has_usable_password()
     token = ApiToken.objects.get(user=robot)
     assert token.role == "operator"
-    assert f"token (operator): {token.key}" in out
+    printed = out.split("token (operator): ", 1)[1].split()[0]
+    assert token.key_hash == token_hash(printed)  # printed once; only its hash is kept
+    assert f"expires {token.expires_at:%Y-%m-%d %H:%M} UTC" in out
 
 
 def test_an_existing_user_gets_new_roles_and_keeps_its_password(make_user):

@@ -28,7 +28,7 @@ SUBMITTERS = {"operator", "admin"}
 ADMINS = {"admin"}
 
 # Anything under /audit/ is for auditors unless listed here.
-AUDIT_EXCEPTIONS = {"audit:hold": ADMINS}
+AUDIT_EXCEPTIONS = {"audit:hold": ADMINS, "audit:tokens": EVERY_ROLE}  # tokens: each role, its own
 # Task pages are for every role unless listed here.
 TASK_EXCEPTIONS = {"routing:task-submit": SUBMITTERS}
 # Methods to try per page (GET unless listed).

@@ -5,9 +5,12 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from audit import user_events
 from audit.models import Role
 from audit.roles import token_create, user_set_roles
 from audit.services import Actor, event_record
+
+ACTOR = Actor.service("grant_role")
 
 
 class Command(BaseCommand):
@@ -44,13 +47,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--token",
             choices=Role.values,
-            help="print a new API token carrying this role (one of the user's)",
+            help="print a new API token carrying this role (one of the user's), once: only its hash is kept",
+        )
+        parser.add_argument(
+            "--days",
+            type=int,
+            help="with --token: days until the token expires (API_TOKEN_DEFAULT_DAYS unless given; "
+            "at most API_TOKEN_MAX_DAYS)",
         )
 
     def handle(self, *args, **o):
         user_model = get_user_model()
         username = o["username"]
         user = user_model.objects.filter(**{user_model.USERNAME_FIELD: username}).first()
+        password = None
         if user is None:
             if not o["create"]:
                 raise CommandError(
@@ -60,26 +70,42 @@ class Command(BaseCommand):
                     f"{' '.join(o['roles'])} --create\n"
                     "or make an admin with `python manage.py createsuperuser`."
                 )
-            user = self._create(user_model, username, o)
-        with transaction.atomic():
-            user_set_roles(user=user, roles=o["roles"])
+            password = None if o["no_password"] else self._password(user_model, username, o)
+        # One transaction: the user, its roles, the token and their audit events, or none of them.
+        # The group changes are summed up in one event (`user.roles_set`, with what was added and
+        # removed) instead of audit.user_events' one per change; creating the user is its own event.
+        with transaction.atomic(), user_events.acting_as(ACTOR):
+            if user is None:
+                user = user_model.objects.create_user(username=username, password=password)
+            before = set(user.groups.filter(name__in=Role.values).values_list("name", flat=True))
+            with user_events.summarised_by_caller(user):
+                user_set_roles(user=user, roles=o["roles"])
+            wanted = set(o["roles"])
             event_record(
-                actor=Actor.service("grant_role"),
+                actor=ACTOR,
                 action="user.roles_set",
                 obj=user,
-                payload={"roles": sorted(o["roles"])},
+                payload={
+                    "roles": sorted(wanted),
+                    "added": sorted(wanted - before),
+                    "removed": sorted(before - wanted),
+                },
             )
+            token = None
+            if o["token"]:
+                try:
+                    token = token_create(user=user, role=o["token"], name="cli", days=o["days"], actor=ACTOR)
+                except ValueError as exc:
+                    raise CommandError(str(exc)) from exc
         self.stdout.write(f"{user.get_username()}: {', '.join(sorted(o['roles']))}")
-        if o["token"]:
-            try:
-                token = token_create(user=user, role=o["token"], name="cli")
-            except ValueError as exc:
-                raise CommandError(str(exc)) from exc
+        if token is not None:
             self.stdout.write(f"token ({o['token']}): {token.key}")
+            self.stdout.write(
+                f"expires {token.expires_at:%Y-%m-%d %H:%M} UTC. Shown only this once: store it now "
+                "(only its hash is kept)."
+            )
 
-    def _create(self, user_model, username: str, o: dict):
-        if o["no_password"]:
-            return user_model.objects.create_user(username=username, password=None)
+    def _password(self, user_model, username: str, o: dict) -> str:
         password = self._read_password(o)
         if not password:
             raise CommandError(
@@ -90,7 +116,7 @@ class Command(BaseCommand):
             password_validation.validate_password(password, user_model(username=username))
         except ValidationError as exc:
             raise CommandError("the password was refused: " + " ".join(exc.messages)) from exc
-        return user_model.objects.create_user(username=username, password=password)
+        return password
 
     def _read_password(self, o: dict) -> str:
         stdin = o.get("stdin") or sys.stdin
