@@ -3,6 +3,8 @@ values with the same messages, so a value one path refuses is refused by the oth
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from decimal import Decimal
 
 from django.conf import settings
@@ -26,6 +28,35 @@ MAX_STEPS_VALIDATORS = [MinValueValidator(1), MaxValueValidator(MAX_STEPS)]
 MAX_DEPTH_VALIDATORS = [MinValueValidator(0), MaxValueValidator(MAX_DEPTH)]
 MAX_USD_VALIDATORS = [MinValueValidator(Decimal("0")), MaxValueValidator(MAX_USD)]
 IDEMPOTENCY_KEY_VALIDATORS = [MaxLengthValidator(IDEMPOTENCY_KEY_MAX_CHARS)]
+
+# Names people pick and read (training jobs, the conductor versions they register, datasets): ASCII
+# only, so that no two names look alike (a Cyrillic "ѕ" or a fullwidth "ｓ" passes str.isalnum()).
+# A letter or digit first, then letters, digits, '-' and '_'; 1 to NAME_MAX_CHARS characters.
+NAME_MAX_CHARS = 80
+NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{NAME_MAX_CHARS - 1}}}$"
+NAME_RULE = (
+    f"A name is 1 to {NAME_MAX_CHARS} ASCII characters: letters A-Z a-z, digits 0-9, '-' and '_', "
+    "starting with a letter or digit."
+)
+_NAME = re.compile(NAME_PATTERN.replace("$", r"\Z"), re.ASCII)
+
+
+def name_check(name: str) -> None:
+    """A training job's, a conductor version's or a dataset's name against NAME_PATTERN; the message
+    names the first character that is not allowed (look-alikes by their Unicode name)."""
+    if isinstance(name, str) and _NAME.match(name):
+        return
+    text = name if isinstance(name, str) else ""
+    bad = next((c for c in text if not (c.isascii() and (c.isalnum() or c in "-_"))), None)
+    if bad is not None:
+        detail = f" {bad!r} (U+{ord(bad):04X} {unicodedata.name(bad, 'unnamed')}) is not allowed."
+    elif not text:
+        detail = " The name is empty."
+    elif len(text) > NAME_MAX_CHARS:
+        detail = f" The name has {len(text)} characters."
+    else:
+        detail = f" {text[0]!r} may not come first."
+    raise ValidationError(NAME_RULE + detail, code="invalid_name")
 
 
 def text_length_check(text: str) -> None:

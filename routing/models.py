@@ -19,6 +19,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from .limits import name_check
 from .secrets import key_env_check
 
 USD = {"max_digits": 20, "decimal_places": 10}
@@ -98,7 +99,7 @@ class ConductorVersion(models.Model):
         LLM = "llm", "LLM (OpenAI-compatible endpoint)"
         LEARNED = "learned", "Learned policy"
 
-    name = models.SlugField(max_length=80, unique=True)
+    name = models.SlugField(max_length=80, unique=True, validators=[name_check])  # ASCII: no look-alikes
     backend = models.CharField(max_length=20, choices=Backend.choices)
     config = models.JSONField(default=dict, blank=True)
     is_active = models.BooleanField(default=False)

@@ -24,7 +24,7 @@ from routing.models import ConductorVersion
 from routing.replay import ReplayDataError
 from routing.services import conductor_active
 
-from . import services
+from . import limits, services
 from .models import FINISHED, Dataset, Evaluation, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
 from .serializers import (
@@ -32,6 +32,7 @@ from .serializers import (
     DatasetBuildInput,
     DatasetDetailOutput,
     DatasetListOutput,
+    EstimateOutput,
     EvaluationOutput,
     EvaluationStartInput,
     JobDetailOutput,
@@ -56,6 +57,11 @@ REFUSED = OpenApiResponse(description="The service refused the request; detail s
 
 def _refused(exc: Exception) -> Response:
     return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+
+
+def _estimate(estimate: Any) -> Response:
+    """A dry run's answer: what the start would do; nothing was started."""
+    return Response({"dry_run": True, **estimate.as_dict()}, status=status.HTTP_200_OK)
 
 
 def _actor(request: Request) -> Actor:
@@ -215,9 +221,12 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
 
     @extend_schema(
         request=RolloutsStartInput,
-        responses={201: RolloutBatchDetailOutput, 400: REFUSED},
+        responses={201: RolloutBatchDetailOutput, 200: EstimateOutput, 400: REFUSED},
         description="Sample K workflows per item from a conductor version: the items given, or the first "
-        "`limit` items of a replay split (of one domain, if given).",
+        "`limit` items of a replay split (of one domain, if given). Refused above "
+        f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x K) per request, or when it would take your queued "
+        "offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their estimated "
+        "cost (200), nothing started.",
     )
     def create(self, request: Request) -> Response:
         data = RolloutsStartInput(data=request.data)
@@ -229,6 +238,16 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
             else:
                 items = services.replay_item_ids(
                     values["split"], limit=values["limit"], domain=values["domain"]
+                )
+            if values["dry_run"]:
+                return _estimate(
+                    services.rollouts_estimate(
+                        version=values["version"],
+                        items=items,
+                        k=values["k"],
+                        temperature=values["temperature"],
+                        user=request.user,
+                    )
                 )
             batch = services.rollouts_start(
                 version=values["version"],
@@ -260,15 +279,28 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
 
     @extend_schema(
         request=EvaluationStartInput,
-        responses={201: EvaluationOutput, 400: REFUSED},
+        responses={201: EvaluationOutput, 200: EstimateOutput, 400: REFUSED},
         description="Run the candidate and the baseline (the active conductor by default) on the first "
-        "`limit` items of a replay split.",
+        "`limit` items of a replay split: a limit above the split's items is refused, as are more than "
+        f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x 2) per request and a start that would take your "
+        "queued offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their "
+        "estimated cost (200), nothing started.",
     )
     def create(self, request: Request) -> Response:
         data = EvaluationStartInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         try:
+            if values["dry_run"]:
+                return _estimate(
+                    services.evaluation_estimate(
+                        candidate=values["candidate"],
+                        baseline=values["baseline"],
+                        split=values["split"],
+                        limit=values["limit"],
+                        user=request.user,
+                    )
+                )
             evaluation = services.evaluation_start(
                 candidate=values["candidate"],
                 baseline=values["baseline"],

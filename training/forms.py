@@ -7,8 +7,10 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
+from routing.limits import NAME_MAX_CHARS, NAME_RULE, name_check
 from routing.models import ConductorVersion
 
+from . import limits
 from .models import Dataset, RolloutBatch, TrainingJob
 
 SPLITS = [("train", "train"), ("dev", "dev")]
@@ -16,6 +18,16 @@ SPLITS = [("train", "train"), ("dev", "dev")]
 
 def default_base_model_path() -> str:
     return str(settings.VAR_DIR / "models" / "tiny-qwen2")
+
+
+def name_field(help_text: str) -> forms.CharField:
+    """A training job's or dataset's name: routing.limits.NAME_PATTERN, with its message (the API and
+    the services refuse the same names with the same words)."""
+    return forms.CharField(
+        validators=[name_check],
+        help_text=f"{help_text}. {NAME_RULE}",
+        widget=forms.TextInput(attrs={"maxlength": NAME_MAX_CHARS}),
+    )
 
 
 class VersionChoiceField(forms.ModelChoiceField):
@@ -40,7 +52,7 @@ class JobStartForm(forms.Form):
 
     prefix = "job"
 
-    name = forms.SlugField(max_length=80, help_text="The candidate conductor version this job registers")
+    name = name_field("The candidate conductor version this job registers")
     backend = forms.ChoiceField(choices=TrainingJob.Backend.choices, initial=TrainingJob.Backend.LEARNED)
     dataset = DatasetChoiceField(
         queryset=Dataset.objects.order_by("-created_at", "-id"),
@@ -130,13 +142,22 @@ class RolloutsForm(forms.Form):
     k = forms.IntegerField(min_value=1, max_value=64, initial=4, label="K", help_text="Samples per item")
     temperature = forms.FloatField(min_value=0.0, max_value=5.0, initial=1.0)
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("limit") and data.get("k"):
+            try:  # the items asked for x K (the split may have fewer: the service counts those)
+                limits.rollout_runs_check(data["limit"], data["k"])
+            except forms.ValidationError as exc:
+                self.add_error(None, exc)
+        return data
+
 
 class DatasetBuildForm(forms.Form):
     """Build a versioned GRPO dataset from rollouts."""
 
     prefix = "dataset"
 
-    name = forms.SlugField(max_length=80, help_text="Building the same name again makes its next version")
+    name = name_field("Building the same name again makes its next version")
     batches = BatchChoiceField(
         queryset=RolloutBatch.objects.select_related("conductor_version").order_by("-created_at", "-id"),
         required=False,
@@ -180,3 +201,12 @@ class EvaluateForm(forms.Form):
 
     split = forms.ChoiceField(choices=SPLITS, initial="dev")
     limit = forms.IntegerField(min_value=1, max_value=10_000, initial=100)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("limit"):
+            try:  # the split's size is the service's check (it reads the split)
+                limits.evaluation_runs_check(data["limit"])
+            except forms.ValidationError as exc:
+                self.add_error(None, exc)
+        return data

@@ -12,9 +12,10 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from routing.limits import NAME_RULE, name_check
 from routing.models import ConductorVersion
 
-from . import services
+from . import limits, services
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob, TrainingMetric
 
 LOG_TAIL_CHARS = 8000
@@ -54,10 +55,16 @@ class VersionField(serializers.SlugRelatedField):
 
 # --- inputs --------------------------------------------------------------------------------------
 
+DRY_RUN_HELP = (
+    "true: check the request as a start would and answer (200) with the runs it would start and their "
+    "estimated cost; nothing is started or created"
+)
+
 
 class JobStartInput(serializers.Serializer):
     name = serializers.CharField(
-        max_length=200, help_text="The candidate conductor version this job registers (a slug)"
+        validators=[name_check],
+        help_text=f"The candidate conductor version this job registers. {NAME_RULE}",
     )
     backend = TrainingBackendField()
     dataset = serializers.PrimaryKeyRelatedField(
@@ -94,7 +101,8 @@ class RewardInput(serializers.Serializer):
 
 class DatasetBuildInput(serializers.Serializer):
     name = serializers.CharField(
-        max_length=80, help_text="Building the same name again makes its next version"
+        validators=[name_check],
+        help_text=f"Building the same name again makes its next version. {NAME_RULE}",
     )
     batch_ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1),
@@ -140,11 +148,15 @@ class RolloutsStartInput(serializers.Serializer):
     domain = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
     k = serializers.IntegerField(required=False, default=4, help_text="Samples per item (the GRPO group)")
     temperature = serializers.FloatField(required=False, default=1.0)
+    dry_run = serializers.BooleanField(required=False, default=False, help_text=DRY_RUN_HELP)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         given = set(self.initial_data) if isinstance(self.initial_data, dict) else set()
         if "items" in attrs and given & {"split", "limit", "domain"}:
             raise serializers.ValidationError("give items, or split (with limit and domain), not both")
+        # The items asked for x K (a split may have fewer: the service counts those), as the form does.
+        asked = len(set(attrs["items"])) if "items" in attrs else attrs["limit"]
+        limits.rollout_runs_check(asked, attrs["k"])
         return attrs
 
 
@@ -154,7 +166,30 @@ class EvaluationStartInput(serializers.Serializer):
         required=False, allow_null=True, default=None, help_text="The active conductor when left out"
     )
     split = serializers.CharField(required=False, default="dev", max_length=40)
-    limit = serializers.IntegerField(required=False, default=100)
+    limit = serializers.IntegerField(
+        required=False, default=100, help_text="Items; at most the split's (refused above it, not capped)"
+    )
+    dry_run = serializers.BooleanField(required=False, default=False, help_text=DRY_RUN_HELP)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        limits.evaluation_runs_check(attrs["limit"])  # the split's size is the service's check
+        return attrs
+
+
+class EstimateOutput(serializers.Serializer):
+    """What a start would do (a dry run): nothing was started."""
+
+    dry_run = serializers.BooleanField()
+    runs = serializers.IntegerField(help_text="The runs it would start")
+    estimated_usd = serializers.DecimalField(
+        max_digits=20,
+        decimal_places=4,
+        allow_null=True,
+        coerce_to_string=True,
+        help_text="About what they would cost (null: no finished runs to estimate from)",
+    )
+    estimated_from = serializers.CharField(help_text="What the estimate is from, in words")
+    message = serializers.CharField()
 
 
 class ShadowInput(serializers.Serializer):

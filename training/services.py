@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -24,9 +25,11 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from routing import replay
+from routing.limits import name_check
 from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus, Task
 from routing.services import conductor_activate, run_enqueue
 
+from . import limits
 from .models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
 from .rewards import RewardConfig, RunReward, group_advantages, parse_bool, reward_of
 
@@ -34,11 +37,32 @@ MAX_ITEMS = 5000
 TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
 MAX_K = 64
 DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a time
+QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per user at a time
 FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
 class TrainingError(ValueError):
     """The request cannot be carried out; the message says why."""
+
+
+def _checked(check: Any, *args: Any) -> Any:
+    """Run a check of routing.limits / training.limits; its refusal becomes a TrainingError."""
+    try:
+        return check(*args)
+    except ValidationError as exc:
+        raise TrainingError(" ".join(exc.messages)) from exc
+
+
+def _queued_runs_guard(user: Any, runs: int) -> None:
+    """Inside the start's transaction: the user's queued offline runs plus `runs` against
+    CONDUCTOR_MAX_QUEUED_RUNS_PER_USER, counted under a per-user lock (two starts at once cannot
+    both squeeze under the cap)."""
+    if getattr(user, "is_authenticated", False):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [QUEUED_RUNS_LOCK_NAMESPACE, str(user.pk)]
+            )
+    _checked(limits.queued_runs_check, user, runs)
 
 
 # --- items --------------------------------------------------------------------------------------
@@ -117,16 +141,32 @@ def _offline_runs(specs: list[tuple[Task, ConductorVersion]], kind: str, **field
 # --- rollouts -----------------------------------------------------------------------------------
 
 
-def rollouts_start(
-    *, version: ConductorVersion, items: list[str], k: int, temperature: float, actor: Actor, user: Any = None
-) -> RolloutBatch:
-    """Sample K workflows per item from `version` at `temperature`; each runs through the engine."""
+def _rollouts_checked(items: list[str], k: int, temperature: float) -> list[replay.ReplayItem]:
     if not 1 <= k <= MAX_K:
         raise TrainingError(f"K must be between 1 and {MAX_K}")
     if not 0 < temperature <= 5:
         raise TrainingError("the temperature must be above 0 and at most 5")
-    found = replay_items(items)
+    _checked(limits.rollout_runs_check, len(dict.fromkeys(items)), k)  # before reading the items
+    return replay_items(items)
+
+
+def rollouts_estimate(
+    *, version: ConductorVersion, items: list[str], k: int, temperature: float, user: Any = None
+) -> limits.Estimate:
+    """What rollouts_start would start (runs, estimated cost), checked as it checks; starts nothing."""
+    runs = len(_rollouts_checked(items, k, temperature)) * k
+    _checked(limits.queued_runs_check, user, runs)
+    return limits.estimate([(version, runs)])
+
+
+def rollouts_start(
+    *, version: ConductorVersion, items: list[str], k: int, temperature: float, actor: Actor, user: Any = None
+) -> RolloutBatch:
+    """Sample K workflows per item from `version` at `temperature`; each runs through the engine.
+    Refused (nothing written) above training.limits' runs per request or the user's queued runs."""
+    found = _rollouts_checked(items, k, temperature)
     with transaction.atomic():
+        _queued_runs_guard(user, len(found) * k)
         batch = RolloutBatch.objects.create(
             conductor_version=version,
             k=k,
@@ -258,8 +298,7 @@ def dataset_build(
     (item, reference, domain, scorer). Files: train/validation as Parquet and
     JSON Lines, and manifest.json (filter, counts, content hash, source run ids).
     """
-    if not name or not all(c.isalnum() or c in "-_" for c in name):
-        raise TrainingError("a dataset name is letters, digits, '-' and '_'")
+    _checked(name_check, name)  # routing.limits.NAME_PATTERN: ASCII only, no look-alikes
     if min_group_size < 1:
         raise TrainingError("the minimum group size is at least 1")
     if not 0 <= validation_fraction < 1:
@@ -568,8 +607,7 @@ def job_start(
 ) -> TrainingJob:
     """Record a training job and queue it on the training queue (queue=False: the caller runs
     training.tasks.train_job itself, as `manage.py train_conductor` does)."""
-    if not name or not all(c.isalnum() or c in "-_" for c in name) or len(name) > 80:
-        raise TrainingError("a candidate name is letters, digits, '-' and '_' (at most 80)")
+    _checked(name_check, name)  # routing.limits.NAME_PATTERN: the name of the version it registers
     if ConductorVersion.objects.filter(name=name).exists() or TrainingJob.objects.filter(name=name).exists():
         raise TrainingError(f"the name {name!r} is taken; choose another")
     checked = job_options(backend, options, dataset)
@@ -623,6 +661,36 @@ def job_cancel(*, job: TrainingJob, actor: Actor) -> TrainingJob:
 # --- evaluation ---------------------------------------------------------------------------------
 
 
+def _evaluation_checked(
+    candidate: ConductorVersion, baseline: ConductorVersion | None, split: str, limit: int
+) -> tuple[ConductorVersion, list[replay.ReplayItem]]:
+    from routing.services import conductor_active
+
+    baseline = baseline or conductor_active()
+    if baseline.pk == candidate.pk:
+        raise TrainingError(f"{candidate.name} is the baseline itself; choose another candidate")
+    if not 1 <= limit <= MAX_ITEMS:
+        raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
+    _checked(limits.evaluation_runs_check, limit)
+    ids = replay_item_ids(split)
+    _checked(limits.evaluation_limit_check, split, len(ids), limit)  # refused, never capped
+    return baseline, replay_items(ids[:limit])
+
+
+def evaluation_estimate(
+    *,
+    candidate: ConductorVersion,
+    baseline: ConductorVersion | None = None,
+    split: str = "dev",
+    limit: int = 100,
+    user: Any = None,
+) -> limits.Estimate:
+    """What evaluation_start would start (runs, estimated cost), checked as it checks; starts nothing."""
+    baseline, found = _evaluation_checked(candidate, baseline, split, limit)
+    _checked(limits.queued_runs_check, user, len(found) * limits.EVALUATION_SIDES)
+    return limits.estimate([(candidate, len(found)), (baseline, len(found))])
+
+
 def evaluation_start(
     *,
     candidate: ConductorVersion,
@@ -632,16 +700,12 @@ def evaluation_start(
     actor: Actor,
     user: Any = None,
 ) -> Evaluation:
-    """Run the candidate and the baseline (the active version by default) on the same held-out items."""
-    from routing.services import conductor_active
-
-    baseline = baseline or conductor_active()
-    if baseline.pk == candidate.pk:
-        raise TrainingError(f"{candidate.name} is the baseline itself; choose another candidate")
-    if not 1 <= limit <= MAX_ITEMS:
-        raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
-    found = replay_items(replay_item_ids(split, limit))
+    """Run the candidate and the baseline (the active version by default) on the same held-out items.
+    Refused (nothing written) above training.limits' runs per request or the user's queued runs, or
+    when `limit` is more than the split's items."""
+    baseline, found = _evaluation_checked(candidate, baseline, split, limit)
     with transaction.atomic():
+        _queued_runs_guard(user, len(found) * limits.EVALUATION_SIDES)
         evaluation = Evaluation.objects.create(
             candidate=candidate,
             baseline=baseline,

@@ -26,7 +26,7 @@ from routing.models import ConductorVersion
 from routing.replay import ReplayDataError
 from routing.services import conductor_active
 
-from . import services
+from . import limits, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
@@ -43,7 +43,8 @@ FAILURES = (services.TrainingError, ReplayDataError)
 
 
 def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
-    """The training overview, with the three launch forms (bound ones carry their errors)."""
+    """The training overview, with the three launch forms (bound ones carry their errors), and the
+    preview a "Preview" button asked for (rollouts_preview, evaluate_preview)."""
     conductor_active()  # the static baseline exists from the first look on
     for batch in RolloutBatch.objects.filter(status=JobStatus.RUNNING)[:LIST_SIZE]:
         services.rollout_batch_refresh(batch)  # finished batches show as such without waiting for beat
@@ -59,6 +60,10 @@ def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
         "rollouts_form": forms.get("rollouts_form") or RolloutsForm(),
         "dataset_form": forms.get("dataset_form") or DatasetBuildForm(),
         "evaluate_form": EvaluateForm(),
+        "rollouts_preview": forms.get("rollouts_preview"),
+        "evaluate_preview": forms.get("evaluate_preview"),
+        "max_runs_per_request": limits.MAX_RUNS_PER_REQUEST,
+        "max_queued_runs_per_user": limits.max_queued_runs_per_user(),
         "can_write": has_role(request, WRITERS),
     }
     return render(request, "training/home.html", context)
@@ -330,11 +335,22 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 @role_required(*WRITERS)
 def rollouts_start(request: HttpRequest) -> HttpResponse:
+    """Start rollouts; with the "Preview" button (name="preview"), the same checks and the estimate of
+    what starting would do, on the page again with the form filled in: nothing is started."""
     form = RolloutsForm(request.POST)
     if form.is_valid():
         data = form.cleaned_data
         try:
             items = services.replay_item_ids(data["split"], limit=data["limit"], domain=data["domain"])
+            if "preview" in request.POST:
+                estimate = services.rollouts_estimate(
+                    version=data["version"],
+                    items=items,
+                    k=data["k"],
+                    temperature=data["temperature"],
+                    user=request.user,
+                )
+                return _home(request, rollouts_form=form, rollouts_preview=estimate)
             batch = services.rollouts_start(
                 version=data["version"],
                 items=items,
@@ -431,12 +447,31 @@ def version_shadow(request: HttpRequest, version_id: int) -> HttpResponse:
 @require_POST
 @role_required(*WRITERS)
 def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Evaluate a version against the active one; with the "Preview" button (name="preview"), the same
+    checks and the estimate of what starting would do, on the page with a button to start it."""
     version = get_object_or_404(ConductorVersion, pk=version_id)
     form = EvaluateForm(request.POST)
     if not form.is_valid():
-        problems = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in form.errors.items())
+        problems = "; ".join(
+            " ".join(errs) if field == "__all__" else f"{field}: {' '.join(errs)}"
+            for field, errs in form.errors.items()
+        )
         messages.error(request, f"Not evaluated: {problems}")
         return redirect("training:home")
+    if "preview" in request.POST:
+        try:
+            estimate = services.evaluation_estimate(
+                candidate=version,
+                baseline=None,
+                split=form.cleaned_data["split"],
+                limit=form.cleaned_data["limit"],
+                user=request.user,
+            )
+        except FAILURES as exc:
+            messages.error(request, f"Not evaluated: {exc}")
+            return redirect("training:home")
+        preview = {"version": version, **form.cleaned_data, "estimate": estimate}
+        return _home(request, evaluate_preview=preview)
     try:
         evaluation = services.evaluation_start(
             candidate=version,

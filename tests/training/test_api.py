@@ -220,7 +220,7 @@ def test_ml_staff_start_a_learned_job_with_the_defaults_filled_in(ml, settings):
         ({"options": {"epochs": "many"}}, "epochs must be a number"),
         ({"options": {"momentum": 0.9}}, "unknown settings for the learned backend: ['momentum']"),
         ({"options": {"split": "nope"}}, "no split 'nope'"),
-        ({"name": "not a slug!"}, "a candidate name is letters, digits, '-' and '_' (at most 80)"),
+        ({"name": "not a slug!"}, "name: A name is 1 to 80 ASCII characters"),
         ({"name": "static-v1"}, "the name 'static-v1' is taken; choose another"),
         ({"backend": "llm-lora"}, "the llm-lora backend trains on a dataset: choose one"),
     ],
@@ -418,7 +418,7 @@ def test_a_dataset_from_finished_rollouts(ml, make_user, replay_pool, var_dir):
     [
         ({"reward": {"correctness": -1}}, "reward weights must not be negative"),
         ({"min_group_size": 4}, "no group of at least 4 finished rollouts matches the filter"),
-        ({"name": "no spaces"}, "a dataset name is letters, digits, '-' and '_'"),
+        ({"name": "no spaces"}, "name: A name is 1 to 80 ASCII characters"),
         ({"validation_fraction": 1.5}, "the validation fraction is between 0 and 1"),
         (
             {"since": "2030-01-02T00:00:00Z", "until": "2030-01-01T00:00:00Z"},

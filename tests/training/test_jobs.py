@@ -119,7 +119,7 @@ def test_a_job_cancelled_before_it_starts_never_runs(replay_pool):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"name": "bad name!", "backend": "learned", "options": {}}, "letters, digits"),
+        ({"name": "bad name!", "backend": "learned", "options": {}}, "A name is 1 to 80 ASCII characters"),
         ({"name": "j", "backend": "nope", "options": {}}, "unknown backend"),
         ({"name": "j", "backend": "learned", "options": {"epochs": 0}}, "epochs must be between"),
         ({"name": "j", "backend": "learned", "options": {"epochs": "many"}}, "epochs must be a number"),

@@ -1,0 +1,155 @@
+"""How many offline runs a training request may start, in one place: the web forms, the API's
+serializers and training.services check the same limits with the same messages, and the preview (the
+pages' "Preview" button, the API's "dry_run") shows the same estimate the start acts on.
+
+- MAX_RUNS_PER_REQUEST: the runs one request may create (rollouts: items x K; evaluations: items x 2,
+  the candidate and the baseline each plan every item).
+- An evaluation's limit may not be more than the items of its split (it is refused, never capped).
+- CONDUCTOR_MAX_QUEUED_RUNS_PER_USER (a setting): the offline runs (rollouts + evaluations) one user
+  may have queued or running at once; a start that would go above it is refused.
+
+Each check raises django.core.exceptions.ValidationError; the services turn it into a TrainingError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db.models import Avg, Count, Q
+
+from routing.models import ConductorVersion, Run, RunStatus
+
+MAX_RUNS_PER_REQUEST = 2000
+EVALUATION_SIDES = 2  # the candidate and the baseline each plan every item
+OFFLINE_KINDS = (Run.Kind.ROLLOUT, Run.Kind.EVALUATION)
+FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+USD_PLACES = Decimal("0.0001")
+RUN_USD_PLACES = Decimal("0.000001")
+
+
+def max_queued_runs_per_user() -> int:
+    """CONDUCTOR_MAX_QUEUED_RUNS_PER_USER (a setting, so read at each call)."""
+    return settings.CONDUCTOR_MAX_QUEUED_RUNS_PER_USER
+
+
+def rollout_runs_check(items: int, k: int) -> int:
+    """The runs of `items` items x K samples, against MAX_RUNS_PER_REQUEST; returns their number."""
+    return _runs_check(items * k, f"{items:,} items x K={k}")
+
+
+def evaluation_runs_check(items: int) -> int:
+    """The runs of an evaluation of `items` items (x 2 sides), against MAX_RUNS_PER_REQUEST."""
+    return _runs_check(items * EVALUATION_SIDES, f"{items:,} items x {EVALUATION_SIDES} sides")
+
+
+def _runs_check(runs: int, how: str) -> int:
+    if runs > MAX_RUNS_PER_REQUEST:
+        raise ValidationError(
+            f"This request would start {runs:,} runs ({how}); at most {MAX_RUNS_PER_REQUEST:,} runs "
+            "per request. Ask for fewer items (or a smaller K).",
+            code="too_many_runs",
+        )
+    return runs
+
+
+def evaluation_limit_check(split: str, split_items: int, limit: int) -> None:
+    """An evaluation's limit against the items its split has: more is refused, not silently capped."""
+    if limit > split_items:
+        raise ValidationError(
+            f"The {split} split has {split_items:,} items; an evaluation limit of {limit:,} is more than "
+            f"that. Ask for at most {split_items:,}.",
+            code="limit_above_split",
+        )
+
+
+def queued_runs(user: Any) -> int:
+    """The offline runs (rollouts + evaluations) `user` started that have not finished yet."""
+    if not getattr(user, "is_authenticated", False):
+        return 0
+    return (
+        Run.objects.filter(kind__in=OFFLINE_KINDS)
+        .exclude(status__in=FINISHED_RUN)
+        .filter(Q(rollout__batch__created_by=user) | Q(evaluation_run__evaluation__created_by=user))
+        .count()
+    )
+
+
+def queued_runs_check(user: Any, runs: int) -> None:
+    """Starting `runs` more may not take `user` above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. A start
+    without a signed-in user (a management command) is not counted against anyone."""
+    if not getattr(user, "is_authenticated", False):
+        return
+    cap = max_queued_runs_per_user()
+    queued = queued_runs(user)
+    if queued + runs > cap:
+        raise ValidationError(
+            f"You have {queued:,} offline runs queued or running; {runs:,} more would take you above the "
+            f"limit of {cap:,} per user (CONDUCTOR_MAX_QUEUED_RUNS_PER_USER). Wait for some to finish.",
+            code="too_many_queued_runs",
+        )
+
+
+# --- the estimate shown before starting ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeanCost:
+    usd: Decimal  # per run
+    basis: str  # what the mean is over, in words
+
+
+def mean_cost(version: ConductorVersion) -> MeanCost | None:
+    """The mean cost of `version`'s finished runs; without any, that of all finished runs; else None."""
+    own = Run.objects.filter(conductor_version=version, status__in=FINISHED_RUN)
+    found = own.aggregate(mean=Avg("cost_usd"), n=Count("id"))
+    where = f"{version.name}'s {found['n']:,} finished runs"
+    if not found["n"]:
+        found = Run.objects.filter(status__in=FINISHED_RUN).aggregate(mean=Avg("cost_usd"), n=Count("id"))
+        where = f"all {found['n']:,} finished runs ({version.name} has none)"
+    if not found["n"]:
+        return None
+    mean = Decimal(found["mean"])
+    return MeanCost(usd=mean, basis=f"the mean cost of {where}, ${mean.quantize(RUN_USD_PLACES)} a run")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a start would do: how many runs, and about what they cost (None: nothing to estimate from)."""
+
+    runs: int
+    usd: Decimal | None
+    basis: str
+
+    @property
+    def message(self) -> str:
+        if self.usd is None:
+            return f"This will start {self.runs:,} runs; no finished runs to estimate the cost from."
+        return f"This will start {self.runs:,} runs, about ${self.usd} (estimated from {self.basis})."
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "estimated_usd": None if self.usd is None else str(self.usd),
+            "estimated_from": self.basis,
+            "message": self.message,
+        }
+
+
+def estimate(parts: list[tuple[ConductorVersion, int]]) -> Estimate:
+    """The runs each version would make, priced at the mean cost of its finished runs (or of all)."""
+    total, bases, unknown = Decimal("0"), [], False
+    for version, runs in parts:
+        mean = mean_cost(version)
+        if mean is None:
+            unknown = True
+            continue
+        total += mean.usd * runs
+        bases.append(mean.basis)
+    runs = sum(runs for _, runs in parts)
+    if unknown:
+        return Estimate(runs=runs, usd=None, basis="no finished runs to estimate from")
+    return Estimate(runs=runs, usd=total.quantize(USD_PLACES), basis="; ".join(bases))
