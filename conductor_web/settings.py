@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "channels",
+    "axes",  # before audit: its failed-login handler runs first, and audit reads what it counted
     "audit",
     "routing",
     "training",
@@ -58,6 +60,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -68,6 +71,8 @@ MIDDLEWARE = [
     # Last, so that its 400 page has the user and messages; refuses NUL or non-UTF-8 query strings and
     # form bodies before any view runs (in __call__, so before the CSRF check reads the form).
     "conductor_web.middleware.BadRequestMiddleware",
+    # Answers a locked-out login with the lockout page (django-axes wants to be last).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "conductor_web.urls"
@@ -89,6 +94,44 @@ TEMPLATES = [
         },
     },
 ]
+
+# --- Transport and headers ---------------------------------------------------------------------
+# DJANGO_SECURE=true (production behind TLS) turns on the whole set; each value can be set alone.
+# Off by default so that `make demo` works on http://127.0.0.1. See docs/configuration.md.
+SECURE = env_bool("DJANGO_SECURE", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", SECURE)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", SECURE)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", SECURE)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31_536_000 if SECURE else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", SECURE)
+if env_bool("DJANGO_TRUST_X_FORWARDED_PROTO", False):  # only behind a proxy that sets it
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# Content Security Policy (django-csp): every script and style is served by the app itself. Styles
+# allow 'unsafe-inline' because plotly.js sets style attributes and injects its own <style> at run time;
+# scripts allow nothing inline and no eval (the SVG charts drawn here need none). Websockets: 'self'
+# covers ws:/wss: of the same origin. Checked in Chromium by tests/conductor_web/test_security_settings.py.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 # --- Services -------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_url(VAR_DIR)
@@ -191,6 +234,9 @@ CONDUCTOR_VLLM_API_BASE = env_str("CONDUCTOR_VLLM_API_BASE", "http://127.0.0.1:8
 OPS_ERROR_RATE_ALERT = env_float("OPS_ERROR_RATE_ALERT", 0.2, minimum=0.0)
 OPS_ALERT_MIN_CALLS = env_int("OPS_ALERT_MIN_CALLS", 5, minimum=1)
 OPS_SPEND_PER_MINUTE_ALERT_USD: Decimal = env_decimal("OPS_SPEND_PER_MINUTE_ALERT_USD", "1.00")
+# Offline runs (rollouts + evaluations) one user may have queued or running at once: a start that
+# would go above it is refused (training/limits.py), so the live queue keeps moving.
+CONDUCTOR_MAX_QUEUED_RUNS_PER_USER = env_int("CONDUCTOR_MAX_QUEUED_RUNS_PER_USER", 2000, minimum=1)
 
 # litellm: never fetch the remote price map; tiktoken reads the encodings litellm ships
 # (it would otherwise download them at first use).
@@ -242,9 +288,39 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Auth, i18n, static ---------------------------------------------------------------------
+# Django's four standard validators; grant_role --create and the admin's password forms apply them.
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12, minimum=8)},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Login throttling (django-axes, audit/auth_events.py): a username that fails LOGIN_FAILURES_PER_USER
+# times (from any address), or an address that fails LOGIN_FAILURES_PER_IP times (on any usernames), is
+# locked for LOGIN_LOCKOUT_MINUTES after its last failure; logins while locked are refused unchecked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked login before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+LOGIN_FAILURES_PER_USER = env_int("LOGIN_FAILURES_PER_USER", 5, minimum=1)
+LOGIN_FAILURES_PER_IP = env_int("LOGIN_FAILURES_PER_IP", 20, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_HANDLER = "audit.auth_events.LoginThrottle"  # one limit per username, another per address
+AXES_FAILURE_LIMIT = "audit.auth_events.failure_limit"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True  # a success forgets that username's failures from that address only
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "audit.auth_events.lockout_response"  # the login page, 429, for how long
+AXES_DISABLE_ACCESS_LOG = True  # logins are audit events already
+AXES_ENABLE_ADMIN = False  # the admin site is audit.admin.site, by role
+AXES_SENSITIVE_PARAMETERS = ["password", "csrfmiddlewaretoken"]
+# Behind reverse proxies, how many append to X-Forwarded-For: the client's address is the one the
+# outermost saw. 0: REMOTE_ADDR (behind a proxy left at 0, every login would count against its address).
+LOGIN_PROXY_COUNT = env_int("LOGIN_PROXY_COUNT", 0, minimum=0)
+AXES_CLIENT_IP_CALLABLE = "audit.auth_events.client_ip"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "routing:task-list"
 LOGOUT_REDIRECT_URL = "login"

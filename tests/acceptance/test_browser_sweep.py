@@ -15,7 +15,7 @@ from django.conf import settings
 
 from tests.acceptance.conftest import SESSION_COOKIES
 from tests.acceptance.test_sweep import EXPECTED, MAIN_ROUTES, route_path
-from tests.browser.conftest import ROOT, DaphneServer, chromium_launched
+from tests.browser.conftest import ROOT, DaphneServer, chromium_launched, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -81,7 +81,7 @@ class Visit:
         assert response is not None and response.status == 200, f"{path} as {self.identity}: {response}"
         assert self.page.url == self.context_base + path, f"{path} as {self.identity} went to {self.page.url}"
         self.page.wait_for_load_state("networkidle")
-        self.page.wait_for_function(CHARTS_DRAWN)
+        wait_until(self.page, CHARTS_DRAWN)
         elapsed = time.monotonic() - started
         where = f"{path} as {self.identity}"
         width = self.page.evaluate("document.documentElement.scrollWidth")

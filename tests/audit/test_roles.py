@@ -278,7 +278,7 @@ def test_login_logout_and_failed_logins_are_audit_events(make_user):
     assert all(e.chain == "global" and e.actor_type == "user" for e in events)
     failed_known, failed_unknown, login, logout = events
     assert failed_known.actor_name == "ann" and failed_known.actor_id == str(ann.pk)
-    assert failed_known.payload == {"ip": "10.1.2.3", "username": "ann", "known_user": True}
+    assert failed_known.payload == {"ip": "10.1.2.3", "username": "ann", "known_user": True, "failures": 1}
     assert "password" not in str(failed_known.payload)
     assert failed_unknown.actor_name == "nobody" and failed_unknown.actor_id == ""
     assert failed_unknown.payload["known_user"] is False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +121,17 @@ def screenshot(page: Page) -> Callable[[str], Path]:
 # --- A real ASGI server (daphne) for the live pages ------------------------------------------------
 # The live server above is WSGI: no websockets. These start the project's ASGI application with
 # daphne in a process of its own, against the same database and Redis as the test process.
+
+
+def wait_until(page: Page, predicate: str, timeout: float = 30_000) -> None:
+    """Poll `predicate` (a JS expression or function) until it is truthy. Playwright's own
+    wait_for_function evaluates its predicate with eval inside the page, which the app's
+    Content-Security-Policy (script-src 'self') rightly refuses; page.evaluate is not eval."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(predicate):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout / 1000:.0f}s waiting for {predicate}")
+        page.wait_for_timeout(50)
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from audit.models import ChainHead, Role
 from routing import engine
 from routing.models import Run, Task
 from routing.services import TaskSubmission, task_submit
-from tests.browser.conftest import SCREENSHOTS
+from tests.browser.conftest import SCREENSHOTS, wait_until
 from tests.openai_server import Reply, plan_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,7 +143,7 @@ def test_the_graph_fills_in_live_as_the_run_goes_and_shows_each_step_on_click(
         graph = page.locator("#graph")
         expect(graph).to_have_attribute("data-nodes", "3", timeout=20_000)
         # A node turns "running" on screen (blue), before the run is over.
-        page.wait_for_function(f"() => ({NODE_COLORS})().includes('{RUNNING}')", timeout=20_000)
+        wait_until(page, f"() => ({NODE_COLORS})().includes('{RUNNING}')", timeout=20_000)
         assert "running" in page.evaluate(STEP_STATUSES)
         assert page.evaluate("document.getElementById('graph').dataset.runStatus") == "running"
         shot(page, "2-running")
@@ -206,7 +206,8 @@ def test_a_dropped_websocket_reconnects_and_the_graph_catches_up_without_a_reloa
     worker.start()
     try:
         # The first step has finished (as the page knows it); drop the socket while the rest run.
-        page.wait_for_function(
+        wait_until(
+            page,
             "() => { const s = Array.from(window.__conductorGraph.steps.values()).find((s) => s.index === 0);"
             " return s && s.status === 'succeeded'; }",
             timeout=20_000,

@@ -9,6 +9,7 @@ from audit.models import Role
 from routing import engine, replay
 from routing.models import Task
 from routing.services import TaskSubmission, task_submit
+from tests.browser.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +32,7 @@ def replay_runs(replay_pool):
 def test_the_analytics_charts_render_with_data(page: Page, replay_runs, log_in, screenshot):
     log_in("olga", Role.OPERATOR)
     page.get_by_role("link", name="Analytics").click()
-    page.wait_for_function("document.body.dataset.chartsReady === '1'")
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
     for chart in (
         "chart-cost-worker",
         "chart-volume-vendor",
@@ -52,7 +53,7 @@ def test_the_analytics_page_says_what_to_do_when_there_is_no_data(
 ):
     log_in("olga", Role.OPERATOR)
     page.goto("/analytics/")
-    page.wait_for_function("document.body.dataset.chartsReady === '1'")
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
     expect(page.locator("#chart-pareto")).to_contain_text("submit tasks with a reference answer")
     screenshot("analytics-empty")
 

@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from audit.models import Role
+from tests.browser.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,12 +155,12 @@ def test_every_training_page_fits_a_1400_px_window(page: Page, log_in, var_dir, 
     assert_fits(page, "/training/", "the training page")
     screenshot("training-home-long-text")
     assert_fits(page, f"/training/jobs/{job.pk}/", "the job page")
-    page.wait_for_function("document.body.dataset.curvesReady === '1'")
+    wait_until(page, "document.body.dataset.curvesReady === '1'")
     assert page.evaluate(WIDTHS_JS)["scroll"] <= WIDTH
     screenshot("training-job-long-text")
     assert_fits(page, f"/training/datasets/{dataset.pk}/", "the dataset page")
     assert_fits(page, f"/training/evaluations/{evaluation.pk}/", "the evaluation page")
-    page.wait_for_function("document.body.dataset.chartsReady === '1'")
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
     assert page.evaluate(WIDTHS_JS)["scroll"] <= WIDTH
     screenshot("training-evaluation-long-text")
 
@@ -175,6 +176,6 @@ def test_a_job_page_left_open_says_nothing_was_registered_once_the_job_is_cancel
     expect(page.locator("#job-candidate")).to_have_text("learned-open is registered when the job succeeds")
 
     TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLED)  # the page polls every second
-    page.wait_for_function("document.body.dataset.jobFinished === '1'")
+    wait_until(page, "document.body.dataset.jobFinished === '1'")
     expect(page.locator("#job-candidate")).to_have_text("none: the job was cancelled, nothing was registered")
     expect(page.locator("#job-status")).to_have_text("Cancelled")

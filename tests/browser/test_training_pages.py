@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from audit.models import Role
+from tests.browser.conftest import wait_until
 from training.models import JobStatus, TrainingJob, TrainingMetric
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -62,7 +63,7 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     job = TrainingJob.objects.get(name="learned-browser")
     assert job.options["limit"] == 60 and job.options["epochs"] == 50
     expect(page.locator(".flash")).to_contain_text("learned-browser")
-    page.wait_for_function("document.body.dataset.curvesReady === '1'")
+    wait_until(page, "document.body.dataset.curvesReady === '1'")
     assert page.evaluate(POINTS_JS) == 0
     assert float(page.locator("#job-progress").get_attribute("value")) == 0.0
 
@@ -142,7 +143,7 @@ def test_the_evaluation_page_plots_candidate_and_baseline(page: Page, log_in, sc
     )
     log_in("mira", Role.ML_STAFF)
     page.goto(f"/training/evaluations/{evaluation.pk}/")
-    page.wait_for_function("document.body.dataset.chartsReady === '1'")
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
     assert page.locator("#evaluation-chart .scatterlayer .point").count() == 2
     expect(page.locator("#evaluation-table tr[data-side='candidate']")).to_contain_text("0.800")
     expect(page.locator("#evaluation-table tr[data-side='baseline']")).to_contain_text("static-v1")
