@@ -124,6 +124,20 @@ class AuditedAdmin(RoleModelAdmin):
                     "changed": {f: str(form.cleaned_data.get(f)) for f in form.changed_data},
                 },
             )
+            sensitive = [f for f in form.changed_data if f in self.admin_only_fields]
+            if change and sensitive:  # where data and which key go: its own event, with what it was
+                event_record(
+                    actor=Actor.for_user(request.user),
+                    action=f"{model}.endpoint_changed",
+                    obj=obj,
+                    payload={
+                        "via": "admin",
+                        **{
+                            f: {"from": form.initial.get(f), "to": form.cleaned_data.get(f)}
+                            for f in sensitive
+                        },
+                    },
+                )
 
     def has_delete_permission(self, request, obj=None):
         return False  # the record refers to them; disable instead

@@ -40,17 +40,24 @@ def _limits() -> dict[str, int]:
 
 def client_ip(request) -> str | None:
     """AXES_CLIENT_IP_CALLABLE: REMOTE_ADDR, or behind LOGIN_PROXY_COUNT proxies the address that the
-    outermost one saw (X-Forwarded-For read from the right; what a client put on its left is not trusted)."""
-    remote = request.META.get("REMOTE_ADDR", "")
+    outermost one saw (X-Forwarded-For read from the right; what a client put on its left is not trusted).
+    An IPv6 address counts as its /64: one client holds a whole /64, and would otherwise get a fresh
+    failure budget (and fresh audit events) from each of its 2^64 addresses."""
+    address = request.META.get("REMOTE_ADDR", "")
     count = settings.LOGIN_PROXY_COUNT
     if count:
         hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
         if len(hops) >= count:
-            try:
-                return str(ipaddress.ip_address(hops[-count]))
-            except ValueError:
-                pass
-    return remote or None
+            address = hops[-count]
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return request.META.get("REMOTE_ADDR") or None
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False).network_address)
+    return str(parsed)
 
 
 def _ip(request) -> str:

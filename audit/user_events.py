@@ -100,9 +100,11 @@ def on_user_pre_save(sender, instance, raw=False, update_fields=None, **kwargs) 
     instance._audit_flags_before = None
     if instance.pk is None or instance._state.adding:
         return
-    if update_fields is not None and not set(update_fields) & set(FLAGS):
+    if update_fields is not None and not set(update_fields) & {*FLAGS, "password"}:
         return  # e.g. last_login on each sign-in: no flag can change
-    instance._audit_flags_before = sender._default_manager.filter(pk=instance.pk).values(*FLAGS).first()
+    instance._audit_flags_before = (
+        sender._default_manager.filter(pk=instance.pk).values(*FLAGS, "password").first()
+    )
 
 
 def on_user_post_save(sender, instance, created, raw=False, **kwargs) -> None:
@@ -116,6 +118,8 @@ def on_user_post_save(sender, instance, created, raw=False, **kwargs) -> None:
     before = instance.__dict__.pop("_audit_flags_before", None)
     if not before:
         return
+    if before["password"] != instance.password:  # set by the user, an admin or a shell: who, never what
+        _record("user.password_changed", instance, {"username": instance.get_username()})
     changed = {f: [before[f], getattr(instance, f)] for f in FLAGS if before[f] != getattr(instance, f)}
     if changed:
         _record(

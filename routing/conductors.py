@@ -279,7 +279,7 @@ class LLMConductor:
             model=self.model,
             messages=messages,
             api_base=self.api_base,
-            api_key=endpoint_api_key(self.api_key_env, self.api_base) or "none",
+            api_key=endpoint_api_key(self.api_key_env),
             temperature=self.temperature if request.temperature is None else request.temperature,
             max_tokens=self.max_tokens,
             logprobs=True,

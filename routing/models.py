@@ -20,7 +20,7 @@ from django.db import models
 from django.db.models import Q
 
 from .limits import name_check
-from .secrets import key_env_check
+from .secrets import SECRET_CONFIG_KEYS, key_env_check
 
 USD = {"max_digits": 20, "decimal_places": 10}
 ZERO = Decimal("0")
@@ -133,6 +133,13 @@ class ConductorVersion(models.Model):
             key_env_check(str(self.config.get("api_key_env") or ""))
         except ValidationError as exc:
             raise ValidationError({"config": exc.messages}) from exc
+        literal = sorted(k for k in self.config if k in SECRET_CONFIG_KEYS)
+        if literal:  # it would be stored, shown and audited for good
+            raise ValidationError(
+                {
+                    "config": f"a key is never written in the config ({', '.join(literal)}): name its variable in api_key_env"
+                }
+            )
 
 
 class RunStatus(models.TextChoices):

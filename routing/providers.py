@@ -181,18 +181,20 @@ def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> Provide
     )
 
 
-def endpoint_api_key(key_env: str, api_base: str) -> str | None:
-    """The key named by a worker's or conductor's `key_env` (only an allowed variable: routing.secrets);
-    "none" for a keyless endpoint of its own. A name outside the allow-list fails the call, unmade."""
+def endpoint_api_key(key_env: str) -> str:
+    """The key named by a worker's or conductor's `key_env` (only an allowed variable: routing.secrets).
+    A name outside the allow-list fails the call, unmade. No key (none named, or its variable unset) is
+    "none", never None: given None, litellm would send the vendor's own variable from the server's
+    environment (OPENAI_API_KEY...), a key nobody allowed."""
     try:
         key = api_key_of(key_env)
     except KeyNotAllowed as exc:
         raise ProviderCallError(Attempt.Status.CLIENT_ERROR, str(exc), code=KEY_NOT_ALLOWED) from exc
-    return key or ("none" if api_base else None)
+    return key or "none"
 
 
-def worker_api_key(worker: Any) -> str | None:
-    return endpoint_api_key(worker.api_key_env, worker.api_base)
+def worker_api_key(worker: Any) -> str:
+    return endpoint_api_key(worker.api_key_env)
 
 
 def complete(

@@ -20,9 +20,14 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-# A worker's fields that decide where its data and which key go: changed by admins only, each change
-# its own audit event (worker.endpoint_changed).
-ENDPOINT_FIELDS = ("api_base", "api_key_env")
+# A worker's fields that decide where its data and which key go (the model string's prefix picks the
+# provider): changed by admins only, each change its own audit event (worker.endpoint_changed).
+ENDPOINT_FIELDS = ("litellm_model", "api_base", "api_key_env")
+# Other variables whose values are secrets a provider could echo (vendor keys litellm knows, URLs with
+# passwords): redacted from error text too, though never sent.
+_SECRET_NAMES = re.compile(r".*(API_KEY|_TOKEN|_SECRET|SECRET_KEY|PASSWORD|_URL)$")
+# Config entries that would hold a key itself rather than the name of its variable.
+SECRET_CONFIG_KEYS = frozenset({"api_key", "key", "token", "secret", "password", "authorization"})
 KEY_ENV_PREFIX = "CONDUCTOR_KEY_"
 KEY_ENV_PATTERN = re.compile(r"CONDUCTOR_KEY_[A-Z0-9_]{1,80}")
 MAX_ERROR_CHARS = 2000
@@ -83,7 +88,9 @@ def api_key_of(name: str) -> str | None:
 
 def known_secrets() -> list[str]:
     """Every secret the server holds that a provider could echo: allowed key values, the secret key."""
-    values = [value for name, value in os.environ.items() if key_env_allowed(name)]
+    values = [
+        value for name, value in os.environ.items() if key_env_allowed(name) or _SECRET_NAMES.match(name)
+    ]
     values.append(settings.SECRET_KEY)
     return values
 

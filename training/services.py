@@ -27,6 +27,7 @@ from audit.services import Actor, event_record
 from routing import replay
 from routing.limits import name_check
 from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus, Task
+from routing.secrets import redact
 from routing.services import conductor_activate, run_enqueue
 
 from . import limits
@@ -819,9 +820,11 @@ def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
     try:
         response = httpx.post(url, json=body, timeout=settings.CONDUCTOR_PROVIDER_TIMEOUT_S)
     except httpx.HTTPError as exc:
-        raise TrainingError(f"could not reach the vLLM server at {url}: {exc}") from exc
-    if response.status_code >= 400 and "already been loaded" not in response.text:
-        raise TrainingError(f"vLLM refused the adapter ({response.status_code}): {response.text[:300]}")
+        raise TrainingError(redact(f"could not reach the vLLM server at {url}: {exc}")) from exc
+    if response.status_code >= 400 and "already been loaded" not in response.text:  # its text is the server's
+        raise TrainingError(
+            redact(f"vLLM refused the adapter ({response.status_code}): {response.text[:300]}")
+        )
     return {"url": url, **body, "status": response.status_code}
 
 

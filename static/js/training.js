@@ -2,6 +2,10 @@
 // Data comes from json_script blocks or JSON responses; it is written with textContent, never as HTML.
 (function () {
   "use strict";
+  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them.
+  const CONTROLS = /[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]/g;
+  const visible = (text) => String(text).replace(CONTROLS,
+    (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
   const base = { margin: { l: 60, r: 20, t: 10, b: 50 }, height: 340, paper_bgcolor: "#fff", plot_bgcolor: "#fff", legend: { orientation: "h" } };
   const config = { displayModeBar: false, responsive: true };
 
@@ -74,10 +78,10 @@
       document.getElementById("job-step").textContent = s.step + "/" + s.total_steps;
       const log = document.getElementById("job-log");
       const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-      log.textContent = s.log_tail;
+      log.textContent = visible(s.log_tail);
       if (atBottom) log.scrollTop = log.scrollHeight;
       const error = document.getElementById("job-error");
-      error.textContent = s.error || "";
+      error.textContent = visible(s.error || "");
       error.hidden = !s.error;
       if (s.artifact_path) document.getElementById("job-artifact-path").textContent = s.artifact_path;
       if (s.candidate) {

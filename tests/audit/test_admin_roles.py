@@ -230,6 +230,10 @@ def test_the_admin_role_changes_a_workers_endpoint(people, objects):
     assert response.status_code == 302
     worker.refresh_from_db()
     assert (worker.api_base, worker.api_key_env) == ("https://llm.internal/v1", "CONDUCTOR_KEY_LLM")
+    event = AuditEvent.objects.get(action="worker.endpoint_changed", object_id=str(worker.pk))
+    assert event.actor_name == people["admin"].username and event.payload["via"] == "admin"
+    assert event.payload["api_base"]["to"] == "https://llm.internal/v1"
+    assert event.payload["api_key_env"] == {"from": "", "to": "CONDUCTOR_KEY_LLM"}
 
 
 @pytest.mark.parametrize("role", ["auditor", "operator", "ML staff"])

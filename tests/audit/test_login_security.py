@@ -275,3 +275,15 @@ def test_grant_role_create_applies_the_standard_password_rules(username, passwor
 def test_grant_role_create_accepts_a_good_passphrase():
     grant_create("alice", "violet tractor lantern")
     assert get_user_model().objects.get(username="alice").check_password("violet tractor lantern")
+
+
+def test_an_ipv6_client_counts_as_its_slash_64(settings, make_user):
+    """One client holds a whole /64: each of its addresses must not get a fresh budget."""
+    make_user("ann", "auditor", password=PASSWORD)
+    for i in range(settings.LOGIN_FAILURES_PER_IP):
+        Client(REMOTE_ADDR=f"2001:db8:1:2::{i + 1:x}").post("/login/", {"username": f"u{i}", "password": "x"})
+    client = Client(REMOTE_ADDR="2001:db8:1:2:ffff::9")
+    response = client.post("/login/", {"username": "ann", "password": PASSWORD})
+    assert response.status_code == 429
+    other = Client(REMOTE_ADDR="2001:db8:1:3::1")
+    assert other.post("/login/", {"username": "ann", "password": PASSWORD}).status_code == 302

@@ -179,3 +179,13 @@ def test_renaming_a_group_and_deleting_users_or_groups_are_audit_events(make_use
     assert deleted.payload["username"] == "bob" and deleted.payload["groups"] == ["admin-ish"]
     group.delete()
     assert AuditEvent.objects.filter(action="group.deleted", payload__name="admin-ish").exists()
+
+
+def test_a_password_set_anywhere_is_an_audit_event_that_holds_no_password(make_user):
+    bob = make_user("bob")
+    bob.set_password("a brand new passphrase")
+    bob.save()
+    bob.save()  # no change, no event
+    [event] = events("user.password_changed", bob)
+    assert event.payload == {"username": "bob"}
+    assert "passphrase" not in str(AuditEvent.objects.values_list("payload", flat=True))

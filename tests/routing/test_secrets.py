@@ -233,3 +233,30 @@ def _service():
     from audit.services import Actor
 
     return Actor.service("test")
+
+
+def test_no_key_is_none_never_the_vendors_variable_of_the_server(live_pool, monkeypatch):
+    """Given no key, litellm would read OPENAI_API_KEY from the server's environment."""
+    server = live_pool["server"]
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-server-owned-0123456789abcdef")
+    monkeypatch.setenv("OPENAI_API_BASE", server.base_url)  # litellm's own fallback for the endpoint
+    server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+    server.program("alpha", [Reply("answer")])
+    Worker.objects.filter(slug="alpha").update(api_base="", api_key_env="")
+
+    run = run_now(submit())
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    sent = server.requests_for("alpha")[0].headers["authorization"]
+    assert "sk-server-owned" not in sent and sent == "Bearer none"
+
+
+def test_a_conductor_config_cannot_hold_a_key_itself():
+    version = ConductorVersion(
+        name="literal-key",
+        backend=ConductorVersion.Backend.LLM,
+        config={"model": "hosted_vllm/x", "api_key": "sk-live-0123456789abcdef"},
+    )
+    with pytest.raises(ValidationError) as refused:
+        version.full_clean()
+    assert "name its variable in api_key_env" in " ".join(refused.value.message_dict["config"])
