@@ -46,6 +46,14 @@ def evaluation_runs_check(items: int) -> int:
     return _runs_check(items * EVALUATION_SIDES, f"{items:,} items x {EVALUATION_SIDES} sides")
 
 
+def lora_runs_check(max_steps: int, prompts_per_step: int, num_generations: int) -> int:
+    """The engine runs an llm-lora job makes (each sampled plan is run to earn its reward)."""
+    return _runs_check(
+        max_steps * prompts_per_step * num_generations,
+        f"{max_steps:,} steps x {prompts_per_step} prompts x {num_generations} generations, each plan run",
+    )
+
+
 def _runs_check(runs: int, how: str) -> int:
     if runs > MAX_RUNS_PER_REQUEST:
         raise ValidationError(

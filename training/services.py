@@ -581,6 +581,9 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["max_steps"] = _number(merged, "max_steps", int, 1, 100_000)
         merged["num_generations"] = _number(merged, "num_generations", int, 2, 64)
         merged["prompts_per_step"] = _number(merged, "prompts_per_step", int, 1, 1024)
+        _checked(
+            limits.lora_runs_check, merged["max_steps"], merged["prompts_per_step"], merged["num_generations"]
+        )
         merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-8, 1)
         merged["lora_r"] = _number(merged, "lora_r", int, 1, 256)
         merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)

@@ -159,3 +159,8 @@ def test_lora_settings_are_checked_and_vllm_generation_needs_its_server(tmp_path
     assert served["use_vllm"] and served["vllm_server_base_url"] == "http://trl:8000"
     with pytest.raises(TrainingError, match="no model at"):
         job_options("llm-lora", {"base_model_path": str(tmp_path / "missing")}, dataset)
+    # Each sampled plan is run through the engine for its reward: the job's runs have the same limit.
+    with pytest.raises(TrainingError, match=r"would start 32,000 runs .*at most 2,000 runs"):
+        job_options(
+            "llm-lora", {**base, "max_steps": 1000, "prompts_per_step": 4, "num_generations": 8}, dataset
+        )
