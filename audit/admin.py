@@ -214,17 +214,7 @@ class ApiTokenAdmin(RoleModelAdmin):
     ]
     list_filter = ["role", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix", "user__username"]
-    fields = [
-        "prefix_shown",
-        "name",
-        "user",
-        "role",
-        "created_at",
-        "expires_at",
-        "last_used_at",
-        "revoked_at",
-        "revoked_by",
-    ]
+    fields = [*list_display, "revoked_by"]
     readonly_fields = fields
     actions = ["revoke"]
 

@@ -97,9 +97,8 @@ def known_secrets() -> list[str]:
 
 def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """`text` with `secrets`, the server's known secrets and bearer-token shapes replaced, capped."""
-    for secret in sorted(
-        {s for s in (*secrets, *known_secrets()) if s and len(s) >= MIN_SECRET_CHARS}, key=len
-    )[::-1]:
+    found = {s for s in (*secrets, *known_secrets()) if s and len(s) >= MIN_SECRET_CHARS}
+    for secret in sorted(found, key=len, reverse=True):  # a longer secret may contain a shorter one
         text = text.replace(secret, REDACTED)
     for pattern, replacement in _SHAPES:
         text = pattern.sub(replacement, text)

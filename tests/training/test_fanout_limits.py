@@ -9,9 +9,7 @@ import re
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 from django.urls import reverse
-from rest_framework.test import APIClient
 
 from audit.models import AuditEvent, Role
 from audit.services import Actor
@@ -24,30 +22,6 @@ pytestmark = pytest.mark.django_db
 
 API = "/api/training/"
 ACTOR = Actor.service("tests")
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def mira(make_user):
-    return make_user("mira", Role.ML_STAFF)
-
-
-@pytest.fixture
-def page(mira) -> Client:
-    client = Client()
-    client.force_login(mira)
-    return client
-
-
-@pytest.fixture
-def api(mira) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(mira)
-    return client
 
 
 @pytest.fixture

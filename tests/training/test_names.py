@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.test import Client
 from django.urls import reverse
-from rest_framework.test import APIClient
 
-from audit.models import AuditEvent, Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing.limits import NAME_PATTERN, name_check
 from routing.services import conductor_active
@@ -30,30 +28,6 @@ LOOK_ALIKES = [
     "static-v\uff11",  # fullwidth digit one: "static-v１"
     "\uff53tatic-v1",  # fullwidth small s: "ｓtatic-v1"
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def mira(make_user):
-    return make_user("mira", Role.ML_STAFF)
-
-
-@pytest.fixture
-def page(mira) -> Client:
-    client = Client()
-    client.force_login(mira)
-    return client
-
-
-@pytest.fixture
-def api(mira) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(mira)
-    return client
 
 
 def message_for(name: str) -> str:

@@ -1,0 +1,33 @@
+"""ML staff's clients, shared by the training tests that act as one person through the page and the API."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from audit.models import Role
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def mira(make_user):
+    return make_user("mira", Role.ML_STAFF)
+
+
+@pytest.fixture
+def page(mira) -> Client:
+    client = Client()
+    client.force_login(mira)
+    return client
+
+
+@pytest.fixture
+def api(mira) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(mira)
+    return client
