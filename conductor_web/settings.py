@@ -164,7 +164,9 @@ CHANNEL_LAYERS = {
 AUDIT_SIGNING_KEY_FILE = Path(env_str("AUDIT_SIGNING_KEY_FILE") or VAR_DIR / "audit" / "signing-key.pem")
 AUDIT_SIGNING_KEY_AUTOCREATE = env_bool("AUDIT_SIGNING_KEY_AUTOCREATE", True)
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR") or VAR_DIR / "audit" / "checkpoints")
-AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 300, minimum=10)
+# Checkpoints are made this often when any chain moved (none when idle): the window in which an
+# unsigned tail could be rewritten unnoticed.
+AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 5, minimum=1)
 # Days a task's data and its run's audit chain are kept, per data class; at least 180 (six months).
 RETENTION_DAYS = {
     "public": env_int("RETENTION_DAYS_PUBLIC", 365, minimum=180),
@@ -213,6 +215,11 @@ CONDUCTOR_RETRY_BACKOFF_S = env_float("CONDUCTOR_RETRY_BACKOFF_S", 1.0, minimum=
 CONDUCTOR_RETRY_BACKOFF_MAX_S = env_float("CONDUCTOR_RETRY_BACKOFF_MAX_S", 30.0, minimum=0.0)
 CONDUCTOR_RETRY_AFTER_MAX_S = env_float("CONDUCTOR_RETRY_AFTER_MAX_S", 60.0, minimum=0.0)
 CONDUCTOR_STALLED_AFTER_S = env_int("CONDUCTOR_STALLED_AFTER_S", 300, minimum=5)
+# How often a process executing a run proves it is alive (the run lock's connection, the heartbeat).
+CONDUCTOR_HEARTBEAT_S = env_float("CONDUCTOR_HEARTBEAT_S", 5.0, minimum=0.1)
+# A call lost in flight (its process was killed) is paid for but unrecorded: its cost is estimated
+# from the prompt and at most this many output tokens when the call set no max_tokens.
+CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS = env_int("CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS", 1024, minimum=1)
 CONDUCTOR_MAX_TASK_CHARS = env_int("CONDUCTOR_MAX_TASK_CHARS", 100_000, minimum=100)
 CONDUCTOR_DEFAULT_MAX_STEPS = env_int("CONDUCTOR_DEFAULT_MAX_STEPS", 10, minimum=1)
 CONDUCTOR_DEFAULT_MAX_DEPTH = env_int("CONDUCTOR_DEFAULT_MAX_DEPTH", 2, minimum=0)

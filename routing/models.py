@@ -235,6 +235,13 @@ class Run(models.Model):
     worker_host = models.CharField(max_length=200, blank=True)
     worker_pid = models.PositiveIntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    claim_epoch = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Fencing token: raised by each claim; a process's writes hold only while it is current",
+    )
+    enqueued_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a message for this run was last handed to the broker"
+    )
     final_answer = models.TextField(blank=True)
     score = models.FloatField(null=True, blank=True)
     stop_reason = models.CharField(max_length=40, blank=True)
@@ -361,6 +368,7 @@ class Attempt(models.Model):
         RATE_LIMITED = "rate_limited", "Rate limited (429)"
         SERVER_ERROR = "server_error", "Provider error (5xx)"
         CLIENT_ERROR = "client_error", "Rejected (4xx)"
+        MALFORMED = "malformed", "Malformed answer"
         ERROR = "error", "Error"
         LOST = "lost", "Worker process lost during the call"
 
@@ -372,6 +380,9 @@ class Attempt(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.DecimalField(**USD, default=ZERO)
+    cost_estimated = models.BooleanField(
+        default=False, help_text="Cost and tokens are an estimate: the call's outcome is unknown (lost)"
+    )
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     provider_request_id = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField()
