@@ -109,6 +109,7 @@ def append(*, chain: str, **fields: Any) -> AuditEvent:
 def seal(*, chain: str) -> ChainHead:
     """Close a run chain; returns its final head, which the caller records in the global chain."""
     head = _lock_head(chain)
-    ChainHead.objects.filter(chain=chain).update(sealed=True)
+    # updated_at moves too: the next checkpoint signs the sealed head.
+    ChainHead.objects.filter(chain=chain).update(sealed=True, updated_at=timezone.now())
     head.sealed = True
     return head

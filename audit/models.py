@@ -13,6 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models import Q
+from django.db.models.fields.json import KT
 
 GLOBAL_CHAIN = "global"
 
@@ -44,6 +46,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["actor_name", "-id"], name="audit_actor"),
             models.Index(fields=["action", "-id"], name="audit_action_id"),
+            # A run's seal, found by its chain name: one run's proof is read without scanning seals.
+            models.Index(KT("payload__chain"), condition=Q(action="run.sealed"), name="audit_seal_chain"),
         ]
 
     def __str__(self) -> str:
@@ -59,15 +63,17 @@ class ChainHead(models.Model):
     seq = models.PositiveBigIntegerField(default=0)
     hash = models.CharField(max_length=64)
     sealed = models.BooleanField(default=False)
-    updated_at = models.DateTimeField()
+    updated_at = models.DateTimeField(db_index=True, help_text="Moved: the next checkpoint signs it")
 
     def __str__(self) -> str:
         return f"{self.chain}@{self.seq}"
 
 
 class Checkpoint(models.Model):
-    """A signed statement of the chain heads at one moment; also written out of the database."""
+    """A signed statement of the chain heads that moved since the previous checkpoint, linked to it by
+    number and hash; written out of the database as a file, which is what verification trusts."""
 
+    number = models.PositiveBigIntegerField(null=True, unique=True, help_text="1, 2, 3...: gaps show")
     created_at = models.DateTimeField()
     body = models.JSONField(
         help_text="What was signed: the heads of the global chain and the open run chains"
@@ -83,6 +89,25 @@ class Checkpoint(models.Model):
         return f"Checkpoint {self.pk} at {self.created_at:%Y-%m-%d %H:%M:%S}"
 
 
+class CheckpointHead(models.Model):
+    """One chain head a checkpoint signed: finds the checkpoint that covers a run without reading
+    every checkpoint. An index only: the signed body is what proves it."""
+
+    # No constraint, DO_NOTHING: deleting a checkpoint is refused by the append-only trigger alone.
+    checkpoint = models.ForeignKey(
+        Checkpoint, related_name="head_rows", on_delete=models.DO_NOTHING, db_constraint=False
+    )
+    chain = models.CharField(max_length=64)
+    seq = models.PositiveBigIntegerField()
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        indexes = [models.Index(fields=["chain", "-seq"], name="audit_cphead_chain_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.chain}@{self.seq} in checkpoint {self.checkpoint_id}"
+
+
 class ChainPurge(models.Model):
     """A run chain whose events were deleted under the retention policy. Written in the same
     transaction as the deletion (the trigger allows deleting only such chains' events)."""
@@ -92,6 +117,13 @@ class ChainPurge(models.Model):
     last_hash = models.CharField(max_length=64)
     purged_at = models.DateTimeField()
     reason = models.CharField(max_length=200)
+    signature = models.CharField(
+        max_length=200,
+        blank=True,
+        db_default="",
+        help_text="Ed25519 by the checkpoint key: the database cannot forge it",
+    )
+    key_id = models.CharField(max_length=64, blank=True, db_default="")
 
     def __str__(self) -> str:
         return f"purged {self.chain}"

@@ -12,7 +12,9 @@ from django.utils import timezone
 
 from routing.models import Attempt, Decision, Run, RunStatus, Step, Task
 
-from .chain import run_chain
+from . import signing
+from .chain import canonical, run_chain
+from .checkpoints import purge_body
 from .models import AuditEvent, ChainHead, ChainPurge, LegalHold
 from .services import Actor, event_record
 
@@ -51,8 +53,19 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
             head = ChainHead.objects.filter(chain=name).first()
             if head is None or not head.sealed:
                 continue
+            # Signed by the checkpoint key, which the database does not hold: a purge row written by
+            # hand (the trigger would let it delete a chain) does not verify.
+            body = purge_body(
+                chain_name=name, last_seq=head.seq, last_hash=head.hash, purged_at=now, reason="retention"
+            )
             ChainPurge.objects.create(
-                chain=name, last_seq=head.seq, last_hash=head.hash, purged_at=now, reason="retention"
+                chain=name,
+                last_seq=head.seq,
+                last_hash=head.hash,
+                purged_at=now,
+                reason="retention",
+                signature=signing.sign(canonical(body)),
+                key_id=signing.key_id(),
             )
             deleted, _ = AuditEvent.objects.filter(chain=name).delete()
             chains.append({"chain": name, "events": deleted, "last_seq": head.seq, "last_hash": head.hash})

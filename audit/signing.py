@@ -48,6 +48,19 @@ def public_key() -> Ed25519PublicKey:
     return private_key().public_key()
 
 
+def trusted_public_key(path: Path | str | None = None) -> Ed25519PublicKey:
+    """The key verification trusts: a PEM public key given (command line, AUDIT_PUBLIC_KEY_FILE), or
+    the signing key's own. Never the key printed inside a checkpoint file: whoever can write files
+    could sign with a key of their own."""
+    path = path or settings.AUDIT_PUBLIC_KEY_FILE
+    if not path:
+        return public_key()
+    key = serialization.load_pem_public_key(Path(path).read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise SigningKeyError(f"{path} is not an Ed25519 public key")
+    return key
+
+
 def public_pem(key: Ed25519PublicKey | None = None) -> str:
     return (
         (key or public_key())

@@ -4,10 +4,12 @@ from celery import shared_task
 
 
 @shared_task(name="audit.tasks.checkpoint_create")
-def checkpoint_create() -> int:
+def checkpoint_create() -> int | None:
+    """Every few seconds: a checkpoint when any chain moved, none when idle."""
     from .checkpoints import checkpoint_create as create
 
-    return create().pk
+    checkpoint = create(only_if_moved=True)
+    return checkpoint.pk if checkpoint else None
 
 
 @shared_task(name="audit.tasks.retention_purge")

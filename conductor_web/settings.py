@@ -164,6 +164,8 @@ CHANNEL_LAYERS = {
 AUDIT_SIGNING_KEY_FILE = Path(env_str("AUDIT_SIGNING_KEY_FILE") or VAR_DIR / "audit" / "signing-key.pem")
 AUDIT_SIGNING_KEY_AUTOCREATE = env_bool("AUDIT_SIGNING_KEY_AUTOCREATE", True)
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR") or VAR_DIR / "audit" / "checkpoints")
+# The public key verification trusts (PEM); empty: the signing key's own. Give auditors this file.
+AUDIT_PUBLIC_KEY_FILE = env_str("AUDIT_PUBLIC_KEY_FILE", "")
 # Checkpoints are made this often when any chain moved (none when idle): the window in which an
 # unsigned tail could be rewritten unnoticed.
 AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 5, minimum=1)

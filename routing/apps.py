@@ -6,9 +6,9 @@ class RoutingConfig(AppConfig):
     verbose_name = "Routing"
 
     def ready(self) -> None:
-        from audit import policies
+        from audit import policies, verify
 
-        from . import providers
+        from . import providers, record_check
         from .models import DataClass, Worker
 
         providers.register_litellm_providers()
@@ -19,3 +19,5 @@ class RoutingConfig(AppConfig):
             regions=lambda: Worker.objects.exclude(region="").values_list("region", flat=True).distinct(),
             data_classes=lambda: DataClass.values,
         )
+        # Verification compares the run rows with the events that describe them.
+        verify.row_check_register(record_check.run_rows_problems)

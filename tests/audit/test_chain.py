@@ -199,8 +199,9 @@ def some_record(db, audit_files, make_user):
         "TRUNCATE audit_auditevent",
         "UPDATE audit_checkpoint SET signature = 'forged' WHERE id = %(checkpoint)s",
         "DELETE FROM audit_checkpoint WHERE id = %(checkpoint)s",
-        "TRUNCATE audit_checkpoint",
-        "TRUNCATE audit_auditevent, audit_checkpoint",
+        "TRUNCATE audit_checkpoint, audit_checkpointhead",
+        "DELETE FROM audit_checkpointhead",
+        "TRUNCATE audit_auditevent, audit_checkpoint, audit_checkpointhead",
     ],
 )
 def test_the_database_rejects_update_delete_and_truncate_of_the_record(some_record, statement):
@@ -252,7 +253,9 @@ def test_a_purge_row_forged_without_superuser_rights_does_not_hide_deleted_event
 
     report = verify()
     assert not report.intact
-    assert any(p.kind == "missing" and p.chain == name for p in report.problems), report.problems
+    assert any(p.kind == "purge" and p.chain == name and "no signature" in p.detail for p in report.problems), (
+        report.problems
+    )
     code, out, _ = audit_verify()
     assert code == 1 and "NOT INTACT" in out
 
@@ -293,24 +296,29 @@ def test_an_altered_payload_is_named_by_the_command_and_by_verify(finished_run):
     assert f"NOT INTACT: altered: event #{target.pk} " in out
     assert f"altered: event #{target.pk} (run:{run.correlation_id}, seq {target.seq})" in err
 
-    report = verify()
-    assert not report.intact
+    report = verify(rows=False)
     assert [(p.kind, p.event_id) for p in report.problems] == [("altered", target.pk)]
+    # The rows no longer match the forged event either: its attempt's cost is named too.
+    assert [p.kind for p in verify().problems] == ["altered", "row"]
 
 
 @transactional
-def test_a_deleted_event_in_the_middle_of_a_chain_is_reported_missing_at_the_next_event(finished_run):
+def test_a_deleted_event_in_the_middle_of_a_chain_is_named_by_its_seq_not_the_next_event(finished_run):
     name = f"run:{finished_run.correlation_id}"
     events = chain_events(name)
-    gone, after = events[3], events[4]
+    before, gone, after = events[2], events[3], events[4]
     with triggers_off():
         assert sql("DELETE FROM audit_auditevent WHERE id = %s", [gone.pk]) == 1
 
-    report = verify()
-    assert [(p.kind, p.event_id, p.chain) for p in report.problems] == [("missing", after.pk, name)]
-    assert f"seq {gone.seq} before it" in report.problems[0].detail
+    report = verify(rows=False)
+    assert [(p.kind, p.event_id, p.chain, p.seq) for p in report.problems] == [("missing", None, name, gone.seq)]
+    problem = report.problems[0]
+    assert f"seq {gone.seq} is gone: the chain jumps from event #{before.pk} (seq {before.seq}) to event #{after.pk}" in (
+        problem.detail
+    )
+    assert problem.expected == f"seq {gone.seq} linking to hash {before.hash[:16]}…"
     code, out, _ = audit_verify()
-    assert code == 1 and f"missing: event #{after.pk} " in out
+    assert code == 1 and f"missing: chain {name} ({name}, seq {gone.seq})" in out
 
 
 @transactional
@@ -323,11 +331,15 @@ def test_a_deleted_tail_of_a_sealed_run_chain_is_found_through_its_seal(finished
 
     # What is left of the chain links up perfectly; only the seal in the global chain gives it away.
     assert_chain_sound(name)
-    report = verify()
+    report = verify(rows=False)
     assert len(report.problems) == 1
     problem = report.problems[0]
-    assert (problem.kind, problem.chain, problem.event_id) == ("missing", name, events[-3].pk)
-    assert f"its seal (#{seal.pk}) says {events[-1].seq}" in problem.detail
+    assert (problem.kind, problem.chain, problem.event_id, problem.seq) == ("missing", name, None, events[-2].seq)
+    assert problem.near_id == events[-3].pk
+    assert (
+        f"seq {events[-2].seq}..{events[-1].seq} are gone after event #{events[-3].pk} (seq {events[-3].seq}); "
+        f"its seal #{seal.pk} says the chain ends at seq {events[-1].seq}"
+    ) in problem.detail
     code, out, _ = audit_verify()
     assert code == 1 and "NOT INTACT: missing" in out
 
@@ -338,7 +350,7 @@ def test_a_run_chain_deleted_entirely_is_found_through_its_seal(finished_run):
     with triggers_off():
         sql("DELETE FROM audit_auditevent WHERE chain = %s", [name])
 
-    report = verify()
+    report = verify(rows=False)
     assert [(p.kind, p.chain) for p in report.problems] == [("missing", name)]
     assert "all events of this sealed chain are gone" in report.problems[0].detail
 
@@ -353,7 +365,7 @@ def test_swapping_the_seq_of_two_events_is_reported_as_reordered(finished_run):
         sql("UPDATE audit_auditevent SET seq = %s WHERE id = %s", [a.seq, b.pk])
         sql("UPDATE audit_auditevent SET seq = %s WHERE id = %s", [b.seq, a.pk])
 
-    report = verify()
+    report = verify(rows=False)
     assert [(p.kind, p.event_id) for p in report.problems] == [("reordered", b.pk)]
     code, out, _ = audit_verify()
     assert code == 1 and f"reordered: event #{b.pk} " in out
@@ -379,16 +391,19 @@ def test_a_checkpoint_signs_the_heads_and_its_file_verifies_with_the_public_key_
     checkpoint = checkpoint_create()
 
     path = audit_files.AUDIT_CHECKPOINT_DIR / checkpoint.file_name
-    assert path.is_file() and list(audit_files.AUDIT_CHECKPOINT_DIR.iterdir()) == [path]
+    assert path.is_file() and list(audit_files.AUDIT_CHECKPOINT_DIR.rglob("*.json")) == [path]
     assert audit_files.AUDIT_SIGNING_KEY_FILE.is_file()
     document = json.loads(path.read_text())
     body = document["body"]
     assert document["id"] == checkpoint.pk and body == checkpoint.body
+    sealed_last = AuditEvent.objects.filter(chain=sealed_chain).order_by("-seq").first()
+    # The first checkpoint signs every head; the sealed run's too (a run's proof needs no global chain).
     assert body["heads"] == {
         GLOBAL_CHAIN: [global_last.seq, global_last.hash],
         open_chain: [open_last.seq, open_last.hash],
+        sealed_chain: [sealed_last.seq, sealed_last.hash],
     }
-    assert sealed_chain not in body["heads"]
+    assert body["number"] == checkpoint.number == 1 and body["previous"] == GENESIS
 
     public_key = serialization.load_pem_public_key(document["public_key"].encode())
     assert isinstance(public_key, Ed25519PublicKey)
@@ -404,7 +419,7 @@ def test_a_checkpoint_signs_the_heads_and_its_file_verifies_with_the_public_key_
     assert recorded.seq == global_last.seq + 1
     report = verify()
     assert report.intact and report.checkpoint_id == checkpoint.pk
-    assert f"checkpoint {checkpoint.pk} (" in report.summary() and report.summary().endswith("verifies")
+    assert f"checkpoint {checkpoint.number} (" in report.summary() and report.summary().endswith("verifies")
 
 
 @transactional
@@ -418,13 +433,11 @@ def test_a_checkpoint_whose_heads_no_longer_match_is_reported(finished_run, audi
         # Cut the chain back past the signed head; nothing after it links to the removed events.
         assert sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [name, signed_seq]) >= 1
 
-    assert verify(use_checkpoint=False).intact, "a cut tail is invisible without the checkpoint"
-    report = verify()
+    assert verify(use_checkpoint=False, rows=False).intact, "a cut tail is invisible without the checkpoint"
+    report = verify(rows=False)
     assert [p.kind for p in report.problems] == ["checkpoint"]
-    assert (
-        f"checkpoint {checkpoint.pk}: event {signed_seq} of chain {name} is missing"
-        in report.problems[0].detail
-    )
+    assert f"checkpoint 1 (" in report.problems[0].detail
+    assert f": event {signed_seq} of chain {name} is missing" in report.problems[0].detail
     code, out, _ = audit_verify()
     assert code == 1 and "NOT INTACT: checkpoint" in out
 
@@ -450,8 +463,8 @@ def test_a_global_chain_rewritten_consistently_after_a_checkpoint_is_caught_by_t
             )
             previous = event.hash
 
-    assert verify(use_checkpoint=False).intact, "a consistent rewrite is invisible without the checkpoint"
-    report = verify()
+    assert verify(use_checkpoint=False, rows=False).intact, "a consistent rewrite is invisible without the checkpoint"
+    report = verify(rows=False)
     assert [p.kind for p in report.problems] == ["checkpoint"]
     assert (
         f"event #{events[0].pk} (global seq {seq}) differs from the signed head" in report.problems[0].detail
@@ -469,10 +482,10 @@ def test_a_checkpoint_verified_with_a_different_key_is_reported(finished_run, au
     audit_files.AUDIT_SIGNING_KEY_FILE = tmp_path / "other" / "signing-key.pem"
     signing._load.cache_clear()
     report = verify()
-    details = [p.detail for p in report.problems]
-    assert [p.kind for p in report.problems] == ["checkpoint", "checkpoint"]
-    assert f"was signed with key {checkpoint.key_id}, not the current key" in details[0]
-    assert "the signature does not match its content" in details[1]
+    assert [p.kind for p in report.problems] == ["checkpoint"], report.problems
+    assert f"checkpoint 1 ({checkpoint.file_name}): the signature does not hold with the trusted key {signing.key_id()}" in (
+        report.problems[0].detail
+    )
     assert signing.key_id() != checkpoint.key_id
     code, out, _ = audit_verify()
     assert code == 1

@@ -10,5 +10,5 @@ class Command(BaseCommand):
         checkpoint = checkpoint_create()
         heads = len(checkpoint.body["heads"])
         self.stdout.write(
-            f"checkpoint {checkpoint.pk}: {heads} chain head(s) signed with key {checkpoint.key_id}; file {checkpoint.file_name}"
+            f"checkpoint {checkpoint.number}: {heads} chain head(s) signed with key {checkpoint.key_id}; file {checkpoint.file_name}"
         )

@@ -1,0 +1,259 @@
+"""The operational rows against the audit events that describe them.
+
+Registered with the audit verifier (routing.apps), which knows no rows: verification and each dossier
+name every difference between what a row says now and what the run's chain recorded when it happened
+(a step's worker, vendor, messages and response; an attempt's status and cost; a run's answer and
+totals), and a finished run whose chain was never sealed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.db.models import Sum
+from django.db.models.fields.json import KT
+
+from audit.chain import run_chain
+from audit.models import GLOBAL_CHAIN, AuditEvent
+from audit.verify import Problem
+
+from .engine import content_hash
+from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, RunStatus, Step
+
+BATCH = 200  # runs per round trip in a full verification
+FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+def _money(value: Any) -> Decimal | None:
+    try:
+        return Decimal(str(value)) if value is not None else None
+    except InvalidOperation:
+        return None
+
+
+class _Events:
+    """A run's events by what they describe: the last one of each kind per object."""
+
+    def __init__(self, events: list[AuditEvent]):
+        self.last: dict[tuple[str, str], AuditEvent] = {}
+        self.by_action: dict[str, list[AuditEvent]] = defaultdict(list)
+        for event in events:
+            self.last[(event.action, event.object_id)] = event
+            self.by_action[event.action].append(event)
+
+    def get(self, action: str, obj: Any) -> AuditEvent | None:
+        return self.last.get((action, str(obj.pk)))
+
+
+def _differs(event: AuditEvent, what: str, recorded: Any, now: Any) -> Problem:
+    return Problem(
+        "row",
+        event.pk,
+        event.chain,
+        event.seq,
+        f"{what} is {now!r} in its row; this {event.action} event recorded {recorded!r}",
+        expected=repr(recorded),
+    )
+
+
+def _run_problems(
+    run: Run, events: _Events, steps: list[Step], attempts: list[Attempt], decided: Decimal, sealed: bool
+) -> Iterator[Problem]:
+    name = run_chain(run.correlation_id)
+    for step in steps:
+        started = events.get("step.started", step)
+        if started is not None:
+            p = started.payload
+            if p.get("worker") != step.worker_slug:
+                yield _differs(started, f"step {step.pk}'s worker", p.get("worker"), step.worker_slug)
+            if p.get("vendor") != step.vendor:
+                yield _differs(started, f"step {step.pk}'s vendor", p.get("vendor"), step.vendor)
+            if step.messages_sent and p.get("messages_sha256") not in (
+                None,
+                content_hash(step.messages_sent),
+            ):
+                yield _differs(
+                    started,
+                    f"step {step.pk}'s messages (sha256)",
+                    p.get("messages_sha256"),
+                    content_hash(step.messages_sent),
+                )
+        succeeded = events.get("step.succeeded", step)
+        if step.status == "succeeded" and succeeded is None:
+            yield Problem(
+                "row", None, name, None, f"step {step.pk} is succeeded in its row, but no event records it"
+            )
+        if succeeded is None:
+            continue
+        p = succeeded.payload
+        if step.status != "succeeded":
+            yield _differs(succeeded, f"step {step.pk}'s status", "succeeded", step.status)
+        if p.get("response_sha256") != content_hash(step.response):
+            yield _differs(
+                succeeded,
+                f"step {step.pk}'s response (sha256)",
+                p.get("response_sha256"),
+                content_hash(step.response),
+            )
+        worker = p.get("worker")
+        if worker != CONDUCTOR_SLUG and worker != step.worker_slug:
+            yield _differs(succeeded, f"step {step.pk}'s worker", worker, step.worker_slug)
+        if "vendor" in p and p["vendor"] != step.vendor:
+            yield _differs(succeeded, f"step {step.pk}'s vendor", p["vendor"], step.vendor)
+    by_key = {(a.step_id, a.number): a for a in attempts}
+    for event in events.by_action["step.succeeded"]:
+        p = event.payload
+        if "attempt" not in p:
+            continue  # a conductor step: answered without a call of its own
+        attempt = by_key.get((int(event.object_id), p["attempt"]))
+        if attempt is None:
+            yield Problem(
+                "row", event.pk, name, event.seq, f"attempt {p['attempt']} of step {event.object_id} is gone"
+            )
+            continue
+        if attempt.status != Attempt.Status.SUCCEEDED:
+            yield _differs(event, f"attempt {attempt.pk}'s status", "succeeded", attempt.status)
+        if _money(p.get("cost_usd")) != attempt.cost_usd:
+            yield _differs(
+                event, f"attempt {attempt.pk}'s cost_usd", p.get("cost_usd"), str(attempt.cost_usd)
+            )
+        for tokens in ("input_tokens", "output_tokens"):
+            if p.get(tokens) != getattr(attempt, tokens):
+                yield _differs(
+                    event, f"attempt {attempt.pk}'s {tokens}", p.get(tokens), getattr(attempt, tokens)
+                )
+    for attempt in attempts:
+        failed = events.get("attempt.failed", attempt)
+        if failed is None:
+            continue
+        p = failed.payload
+        if p.get("status") != attempt.status:
+            yield _differs(failed, f"attempt {attempt.pk}'s status", p.get("status"), attempt.status)
+        if p.get("http_status") != attempt.http_status:
+            yield _differs(
+                failed, f"attempt {attempt.pk}'s http_status", p.get("http_status"), attempt.http_status
+            )
+    for event in events.by_action["run.resumed"]:
+        for lost in event.payload.get("lost_attempts", []):
+            attempt = by_key.get((lost.get("step_id"), lost.get("attempt")))
+            if attempt is None or "cost_usd" not in lost:
+                continue
+            if _money(lost["cost_usd"]) != attempt.cost_usd:
+                yield _differs(
+                    event,
+                    f"lost attempt {attempt.pk}'s estimated cost_usd",
+                    lost["cost_usd"],
+                    str(attempt.cost_usd),
+                )
+    yield from _run_totals(run, events, name, decided + sum((a.cost_usd for a in attempts), Decimal(0)))
+    if run.status in FINISHED and not sealed:
+        yield Problem(
+            "unsealed",
+            None,
+            name,
+            None,
+            f"run {run.pk} is {run.status}, but its chain has no seal in the global chain",
+            expected="a run.sealed event",
+        )
+
+
+def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterator[Problem]:
+    ended = events.get(f"run.{run.status}", run) if run.status in FINISHED else None
+    if run.status in FINISHED and ended is None:
+        yield Problem(
+            "row", None, name, None, f"run {run.pk} is {run.status} in its row, but no event records it"
+        )
+    if ended is not None and run.status == RunStatus.SUCCEEDED:
+        p = ended.payload
+        if p.get("final_answer_sha256") != content_hash(run.final_answer):
+            yield _differs(
+                ended,
+                f"run {run.pk}'s final answer (sha256)",
+                p.get("final_answer_sha256"),
+                content_hash(run.final_answer),
+            )
+        if "cost_usd" in p and _money(p["cost_usd"]) != run.cost_usd:
+            yield _differs(ended, f"run {run.pk}'s cost_usd", p["cost_usd"], str(run.cost_usd))
+        for tokens in ("input_tokens", "output_tokens"):
+            if tokens in p and p[tokens] != getattr(run, tokens):
+                yield _differs(ended, f"run {run.pk}'s {tokens}", p[tokens], getattr(run, tokens))
+        if p.get("score") != run.score:
+            yield _differs(ended, f"run {run.pk}'s score", p.get("score"), run.score)
+    if (
+        ended is not None
+        and run.status == RunStatus.FAILED
+        and ended.payload.get("stop_reason") != run.stop_reason
+    ):
+        yield _differs(
+            ended, f"run {run.pk}'s stop_reason", ended.payload.get("stop_reason"), run.stop_reason
+        )
+    # The total is the sum of its parts: decisions, attempts (estimates of lost calls included), judging.
+    judged = sum(
+        (_money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action["score.judged"]),
+        Decimal(0),
+    )
+    parts = called + judged
+    if parts != run.cost_usd:
+        yield Problem(
+            "row",
+            None,
+            name,
+            None,
+            f"run {run.pk}'s cost_usd is {run.cost_usd} in its row, but its decisions, attempts and judging add up to {parts}",
+            expected=str(parts),
+        )
+
+
+def run_rows_problems(chains: list[str] | None) -> Iterator[Problem]:
+    """The registered row check: the runs of these chains (None: every run), in batches."""
+    runs = Run.objects.select_related("task").order_by("pk")
+    if chains is not None:
+        ids = []
+        for name in chains:
+            if name.startswith("run:"):
+                try:
+                    ids.append(uuid.UUID(name.removeprefix("run:")))
+                except ValueError:
+                    continue
+        runs = runs.filter(correlation_id__in=ids)
+    last = 0
+    while True:
+        batch = list(runs.filter(pk__gt=last)[:BATCH])
+        if not batch:
+            return
+        last = batch[-1].pk
+        batch = [r for r in batch if r.task.purged_at is None]  # content deleted under retention
+        names = {run_chain(r.correlation_id): r for r in batch}
+        events: dict[str, list[AuditEvent]] = defaultdict(list)
+        for event in AuditEvent.objects.filter(chain__in=list(names)).order_by("chain", "seq"):
+            events[event.chain].append(event)
+        sealed = set(
+            AuditEvent.objects.annotate(sealed_chain=KT("payload__chain"))
+            .filter(chain=GLOBAL_CHAIN, action="run.sealed", sealed_chain__in=list(names))
+            .values_list("sealed_chain", flat=True)
+        )
+        steps: dict[int, list[Step]] = defaultdict(list)
+        for step in Step.objects.filter(run__in=batch).order_by("pk"):
+            steps[step.run_id].append(step)
+        attempts: dict[int, list[Attempt]] = defaultdict(list)
+        for attempt in Attempt.objects.filter(step__run__in=batch).select_related("step").order_by("pk"):
+            attempts[attempt.step.run_id].append(attempt)
+        decided = dict(
+            Decision.objects.filter(run__in=batch)
+            .values("run")
+            .annotate(c=Sum("cost_usd"))
+            .values_list("run", "c")
+        )
+        for name, run in names.items():
+            yield from _run_problems(
+                run,
+                _Events(events[name]),
+                steps[run.pk],
+                attempts[run.pk],
+                decided.get(run.pk) or Decimal(0),
+                name in sealed,
+            )
