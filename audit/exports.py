@@ -40,6 +40,7 @@ def checkpoint_reference() -> dict[str, Any] | None:
         return None
     return {
         "id": checkpoint.pk,
+        "number": checkpoint.number,
         "created_at": checkpoint.created_at.isoformat(),
         "key_id": checkpoint.key_id,
         "signature": checkpoint.signature,

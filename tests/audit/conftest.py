@@ -2,6 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from routing.models import RunStatus
+from tests.audit.support import run_now, submit
+from tests.openai_server import Reply, plan_json
+
 
 @pytest.fixture(autouse=True)
 def _fast_passwords(settings):
@@ -20,3 +24,15 @@ def audit_files(settings, tmp_path):
     signing._load.cache_clear()
     yield settings
     signing._load.cache_clear()
+
+
+@pytest.fixture
+def finished_run(live_pool):
+    """A two-step run that succeeded: its chain is sealed into the global chain."""
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", "all")))])
+    server.program("alpha", [Reply("draft: 42")])
+    server.program("beta", [Reply("42")])
+    run = run_now(submit())
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return run

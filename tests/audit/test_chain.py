@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from datetime import UTC
 
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -21,32 +20,11 @@ from audit.checkpoints import checkpoint_create
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainHead, Checkpoint
 from audit.services import Actor, event_record, legal_hold_place
 from audit.verify import verify
-from routing.models import RunStatus
-from tests.audit.support import audit_verify, run_now, sql, submit, triggers_off
+from tests.audit.support import audit_verify, expected_hash, run_now, sql, submit, triggers_off
 from tests.openai_server import Reply, plan_json
 
 GENESIS = "0" * 64
 transactional = pytest.mark.django_db(transaction=True)
-
-
-def expected_hash(event: AuditEvent) -> str:
-    """sha256(previous hash + canonical content), written out here independently of audit.chain."""
-    content = {
-        "chain": event.chain,
-        "seq": event.seq,
-        "occurred_at": event.occurred_at.astimezone(UTC).isoformat(),
-        "actor_type": event.actor_type,
-        "actor_id": event.actor_id,
-        "actor_name": event.actor_name,
-        "action": event.action,
-        "object_type": event.object_type,
-        "object_id": event.object_id,
-        "task_id": str(event.task_id) if event.task_id else None,
-        "correlation_id": str(event.correlation_id) if event.correlation_id else None,
-        "payload": event.payload,
-    }
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(event.prev_hash.encode() + canonical.encode()).hexdigest()
 
 
 def chain_events(name: str) -> list[AuditEvent]:
@@ -63,18 +41,6 @@ def assert_chain_sound(name: str) -> list[AuditEvent]:
         assert event.hash == expected_hash(event), f"{name} seq {event.seq}: hash does not recompute"
         previous = event.hash
     return events
-
-
-@pytest.fixture
-def finished_run(live_pool):
-    """A two-step run that succeeded: its chain is sealed into the global chain."""
-    server = live_pool["server"]
-    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", "all")))])
-    server.program("alpha", [Reply("draft: 42")])
-    server.program("beta", [Reply("42")])
-    run = run_now(submit())
-    assert run.status == RunStatus.SUCCEEDED, run.error
-    return run
 
 
 def seal_of(run) -> AuditEvent:
@@ -253,9 +219,9 @@ def test_a_purge_row_forged_without_superuser_rights_does_not_hide_deleted_event
 
     report = verify()
     assert not report.intact
-    assert any(p.kind == "purge" and p.chain == name and "no signature" in p.detail for p in report.problems), (
-        report.problems
-    )
+    assert any(
+        p.kind == "purge" and p.chain == name and "no signature" in p.detail for p in report.problems
+    ), report.problems
     code, out, _ = audit_verify()
     assert code == 1 and "NOT INTACT" in out
 
@@ -311,10 +277,13 @@ def test_a_deleted_event_in_the_middle_of_a_chain_is_named_by_its_seq_not_the_ne
         assert sql("DELETE FROM audit_auditevent WHERE id = %s", [gone.pk]) == 1
 
     report = verify(rows=False)
-    assert [(p.kind, p.event_id, p.chain, p.seq) for p in report.problems] == [("missing", None, name, gone.seq)]
+    assert [(p.kind, p.event_id, p.chain, p.seq) for p in report.problems] == [
+        ("missing", None, name, gone.seq)
+    ]
     problem = report.problems[0]
-    assert f"seq {gone.seq} is gone: the chain jumps from event #{before.pk} (seq {before.seq}) to event #{after.pk}" in (
-        problem.detail
+    assert (
+        f"seq {gone.seq} is gone: the chain jumps from event #{before.pk} (seq {before.seq}) to event #{after.pk}"
+        in (problem.detail)
     )
     assert problem.expected == f"seq {gone.seq} linking to hash {before.hash[:16]}…"
     code, out, _ = audit_verify()
@@ -334,7 +303,12 @@ def test_a_deleted_tail_of_a_sealed_run_chain_is_found_through_its_seal(finished
     report = verify(rows=False)
     assert len(report.problems) == 1
     problem = report.problems[0]
-    assert (problem.kind, problem.chain, problem.event_id, problem.seq) == ("missing", name, None, events[-2].seq)
+    assert (problem.kind, problem.chain, problem.event_id, problem.seq) == (
+        "missing",
+        name,
+        None,
+        events[-2].seq,
+    )
     assert problem.near_id == events[-3].pk
     assert (
         f"seq {events[-2].seq}..{events[-1].seq} are gone after event #{events[-3].pk} (seq {events[-3].seq}); "
@@ -436,7 +410,7 @@ def test_a_checkpoint_whose_heads_no_longer_match_is_reported(finished_run, audi
     assert verify(use_checkpoint=False, rows=False).intact, "a cut tail is invisible without the checkpoint"
     report = verify(rows=False)
     assert [p.kind for p in report.problems] == ["checkpoint"]
-    assert f"checkpoint 1 (" in report.problems[0].detail
+    assert "checkpoint 1 (" in report.problems[0].detail
     assert f": event {signed_seq} of chain {name} is missing" in report.problems[0].detail
     code, out, _ = audit_verify()
     assert code == 1 and "NOT INTACT: checkpoint" in out
@@ -463,7 +437,9 @@ def test_a_global_chain_rewritten_consistently_after_a_checkpoint_is_caught_by_t
             )
             previous = event.hash
 
-    assert verify(use_checkpoint=False, rows=False).intact, "a consistent rewrite is invisible without the checkpoint"
+    assert verify(use_checkpoint=False, rows=False).intact, (
+        "a consistent rewrite is invisible without the checkpoint"
+    )
     report = verify(rows=False)
     assert [p.kind for p in report.problems] == ["checkpoint"]
     assert (
@@ -483,8 +459,9 @@ def test_a_checkpoint_verified_with_a_different_key_is_reported(finished_run, au
     signing._load.cache_clear()
     report = verify()
     assert [p.kind for p in report.problems] == ["checkpoint"], report.problems
-    assert f"checkpoint 1 ({checkpoint.file_name}): the signature does not hold with the trusted key {signing.key_id()}" in (
-        report.problems[0].detail
+    assert (
+        f"checkpoint 1 ({checkpoint.file_name}): the signature does not hold with the trusted key {signing.key_id()}"
+        in (report.problems[0].detail)
     )
     assert signing.key_id() != checkpoint.key_id
     code, out, _ = audit_verify()

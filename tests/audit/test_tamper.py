@@ -1,0 +1,420 @@
+"""Tampering as a PostgreSQL superuser would, case by case, against runs made by the real engine.
+
+Each case rewrites the record so that the database alone still looks whole (hashes recomputed, rows
+deleted with the triggers off, purges inserted by hand); verification must catch it from what the
+database does not hold: the signed checkpoint files and the key.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.test import Client
+from django.utils import timezone
+
+from audit import chain as audit_chain
+from audit import signing
+from audit.checkpoints import checkpoint_create, purge_body
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint, Role
+from audit.verify import verify
+from routing.models import Attempt, Run, RunStatus, Step
+from tests.audit.support import audit_verify, expected_hash, rehash, run_now, sql, submit, triggers_off
+from tests.openai_server import Reply, plan_json
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def chain_of(run: Run) -> str:
+    return f"run:{run.correlation_id}"
+
+
+def seal_of(run: Run) -> AuditEvent:
+    return AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", object_id=str(run.pk))
+
+
+def rewrite_run_and_its_seal(run: Run) -> AuditEvent:
+    """Forge a step's response hash in the run's chain, recompute the chain, then make its seal and
+    the global chain after it agree. Returns the forged event."""
+    name = chain_of(run)
+    target = AuditEvent.objects.get(chain=name, action="step.succeeded", payload__index=0)
+
+    def forge(event: AuditEvent) -> None:
+        if event.pk == target.pk:
+            event.payload = {**event.payload, "response_sha256": "0" * 64}
+
+    rehash(name, target.seq, forge)
+    tail = AuditEvent.objects.filter(chain=name).order_by("-seq").first()
+    seal = seal_of(run)
+
+    def reseal(event: AuditEvent) -> None:
+        if event.pk == seal.pk:
+            event.payload = {**event.payload, "hash": tail.hash}
+
+    rehash(GLOBAL_CHAIN, seal.seq, reseal)
+    return target
+
+
+def public_key_file(tmp_path) -> str:
+    path = tmp_path / "audit-public.pem"
+    path.write_text(signing.public_pem())
+    return str(path)
+
+
+# --- 1. the trust anchor is outside the database -------------------------------------------------
+
+
+def test_rehashed_chains_with_their_checkpoint_rows_deleted_are_caught_by_the_signed_files(
+    finished_run, audit_files, tmp_path
+):
+    checkpoint = checkpoint_create()
+    checkpoint_event = AuditEvent.objects.get(action="audit.checkpoint", object_id=str(checkpoint.pk))
+    name = chain_of(finished_run)
+    rewrite_run_and_its_seal(finished_run)
+    with triggers_off():
+        sql("DELETE FROM audit_checkpointhead")
+        assert sql("DELETE FROM audit_checkpoint") == 1
+
+    # What the database holds links up perfectly: the old verifier said "intact".
+    assert verify(use_checkpoint=False, rows=False).intact
+    report = verify(rows=False)
+    assert not report.intact
+    details = {p.detail for p in report.problems}
+    assert f"checkpoint 1 ({checkpoint.file_name}): its row is gone from the database" in details
+    assert any(
+        p.kind == "checkpoint" and p.chain == name and "differs from the signed head" in p.detail
+        for p in report.problems
+    ), report.problems
+    assert any(
+        p.chain == GLOBAL_CHAIN and "differs from the signed head" in p.detail for p in report.problems
+    ), report.problems
+    # The checkpoint's own event is still in the global chain: it names the row that is gone.
+    assert any(
+        p.event_id == checkpoint_event.pk and f"names checkpoint row {checkpoint.pk}" in p.detail
+        for p in report.problems
+    )
+    code, out, err = audit_verify(
+        "--checkpoints", str(audit_files.AUDIT_CHECKPOINT_DIR), "--public-key", public_key_file(tmp_path)
+    )
+    assert code == 1 and "NOT INTACT" in out and "its row is gone from the database" in err
+
+
+def test_every_checkpoint_is_checked_not_only_the_latest(finished_run, audit_files):
+    first = checkpoint_create()
+    name = chain_of(finished_run)
+    signed_seq, _ = first.body["heads"][name]
+    later = checkpoint_create()
+    assert name not in later.body["heads"], "only chains that moved are signed again"
+    rewrite_run_and_its_seal(finished_run)
+
+    report = verify(rows=False)
+    assert report.checkpoints_checked == 2
+    assert any(
+        p.chain == name and p.detail.startswith(f"checkpoint 1 ({first.file_name}): event #")
+        for p in report.problems
+    ), report.problems
+
+
+def test_a_checkpoint_file_signed_with_another_key_is_refused_whatever_key_it_carries(
+    finished_run, audit_files
+):
+    checkpoint_create()
+    rewrite_run_and_its_seal(finished_run)
+    # The forger signs a fresh checkpoint of the rewritten heads with a key of their own and ships the
+    # public key inside the file, as a genuine file does.
+    forger = Ed25519PrivateKey.generate()
+    head = AuditEvent.objects.filter(chain=GLOBAL_CHAIN).order_by("-seq").first()
+    body = {
+        "format": "conductor-web/audit-checkpoint/2",
+        "number": 2,
+        "previous": "0" * 64,
+        "created_at": timezone.now().isoformat(),
+        "key_id": signing.key_id(forger.public_key()),
+        "heads": {GLOBAL_CHAIN: [head.seq, head.hash]},
+    }
+    document = {
+        "body": body,
+        "signature": forger.sign(audit_chain.canonical(body)).hex(),
+        "public_key": signing.public_pem(forger.public_key()),
+    }
+    (audit_files.AUDIT_CHECKPOINT_DIR / "checkpoint-0000000002.json").write_text(json.dumps(document))
+
+    report = verify(rows=False)
+    assert any(
+        "checkpoint 2 (checkpoint-0000000002.json): the signature does not hold with the trusted key"
+        in p.detail
+        for p in report.problems
+    ), report.problems
+
+
+def test_a_checkpoint_event_whose_row_and_file_are_gone_is_flagged(finished_run, audit_files):
+    checkpoint_create()
+    second = checkpoint_create()
+    event = AuditEvent.objects.get(action="audit.checkpoint", object_id=str(second.pk))
+    with triggers_off():
+        sql("DELETE FROM audit_checkpointhead WHERE checkpoint_id = %s", [second.pk])
+        sql("DELETE FROM audit_checkpoint WHERE id = %s", [second.pk])
+    (audit_files.AUDIT_CHECKPOINT_DIR / second.file_name).unlink()
+
+    report = verify(rows=False)
+    assert [(p.kind, p.event_id) for p in report.problems] == [("checkpoint", event.pk)]
+    assert (
+        f"names checkpoint row {second.pk} ({second.file_name}), which is gone" in report.problems[0].detail
+    )
+
+
+def test_a_checkpoint_file_removed_from_the_middle_is_missing_by_number(finished_run, audit_files):
+    checkpoint_create()
+    submit("Another task")  # a chain moves, so the next checkpoint is not empty
+    second = checkpoint_create()
+    submit("And another")
+    checkpoint_create()
+    (audit_files.AUDIT_CHECKPOINT_DIR / second.file_name).unlink()
+
+    details = [p.detail for p in verify(rows=False).problems]
+    assert any("checkpoint files 2..2 are missing" in d for d in details), details
+    assert any(f"checkpoint 2 (row {second.pk}) has no file" in d for d in details), details
+
+
+# --- 2. a purge must be signed ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signature", ["none", "another key"])
+def test_a_forged_purge_with_a_hand_hashed_purge_event_does_not_hide_a_deleted_chain(
+    finished_run, audit_files, signature
+):
+    name = chain_of(finished_run)
+    seal = seal_of(finished_run)
+    events = AuditEvent.objects.filter(chain=name).count()
+    now = timezone.now()
+    body = purge_body(
+        chain_name=name,
+        last_seq=seal.payload["seq"],
+        last_hash=seal.payload["hash"],
+        purged_at=now,
+        reason="retention",
+    )
+    forged = (
+        Ed25519PrivateKey.generate().sign(audit_chain.canonical(body)).hex() if signature != "none" else ""
+    )
+    # No trigger is switched off: INSERT is allowed, and the purge row makes the trigger allow DELETE.
+    ChainPurge.objects.create(
+        chain=name,
+        last_seq=seal.payload["seq"],
+        last_hash=seal.payload["hash"],
+        purged_at=now,
+        reason="retention",
+        signature=forged,
+    )
+    tail = AuditEvent.objects.filter(chain=GLOBAL_CHAIN).order_by("-seq").first()
+    event = AuditEvent(
+        chain=GLOBAL_CHAIN,
+        seq=tail.seq + 1,
+        prev_hash=tail.hash,
+        occurred_at=now,
+        actor_type="service",
+        actor_id="",
+        actor_name="retention",
+        action="task.purged",
+        object_type="task",
+        object_id=str(finished_run.task_id),
+        task_id=finished_run.task_id,
+        correlation_id=None,
+        payload={
+            "chains": [
+                {
+                    "chain": name,
+                    "events": events,
+                    "last_seq": seal.payload["seq"],
+                    "last_hash": seal.payload["hash"],
+                }
+            ]
+        },
+    )
+    event.hash = expected_hash(event)
+    event.save()
+    assert sql("DELETE FROM audit_auditevent WHERE chain = %s", [name]) == events
+
+    assert verify(use_checkpoint=False, rows=False).intact is False
+    report = verify(rows=False)
+    assert [(p.kind, p.chain) for p in report.problems] == [("purge", name)]
+    expected = "carries no signature" if signature == "none" else "signature does not hold"
+    assert expected in report.problems[0].detail
+    assert not verify(chains=[name], rows=False).intact  # the dossier's proof too
+
+
+# --- 3. the rows the events describe ----------------------------------------------------------------
+
+
+ROW_CHANGES = {
+    "attempt cost": ("UPDATE routing_attempt SET cost_usd = cost_usd + 1 WHERE id = %(attempt)s", "cost_usd"),
+    "step response": ("UPDATE routing_step SET response = 'forged' WHERE id = %(step)s", "response (sha256)"),
+    "step worker": ("UPDATE routing_step SET worker_slug = 'gamma' WHERE id = %(step)s", "worker"),
+    "step vendor": ("UPDATE routing_step SET vendor = 'elsewhere' WHERE id = %(step)s", "vendor"),
+    "run answer": (
+        "UPDATE routing_run SET final_answer = 'forged' WHERE id = %(run)s",
+        "final answer (sha256)",
+    ),
+    "run cost": ("UPDATE routing_run SET cost_usd = cost_usd + 1 WHERE id = %(run)s", "cost_usd"),
+}
+
+
+@pytest.mark.parametrize("case", list(ROW_CHANGES))
+def test_a_changed_row_is_named_against_the_event_that_recorded_it(
+    finished_run, audit_files, make_user, case
+):
+    statement, what = ROW_CHANGES[case]
+    step = Step.objects.filter(run=finished_run).order_by("index").first()
+    attempt = Attempt.objects.get(step=step, status=Attempt.Status.SUCCEEDED)
+    checkpoint_create()
+    assert verify().intact
+    assert sql(statement, {"attempt": attempt.pk, "step": step.pk, "run": finished_run.pk}) == 1
+
+    report = verify()
+    assert not report.intact
+    assert {p.kind for p in report.problems} == {"row"}, report.problems
+    named = [p for p in report.problems if what in p.detail and p.event_id]
+    assert named, report.problems
+    event = AuditEvent.objects.get(pk=named[0].event_id)
+    assert event.chain == chain_of(finished_run)
+    # The dossier shows the difference beside the proof, never "intact".
+    client = Client()
+    client.force_login(make_user("ann", Role.AUDITOR))
+    page = client.get(f"/audit/tasks/{finished_run.task_id}/").content.decode()
+    assert "NOT INTACT" in page and what.split(" ")[0] in page
+    assert verify(chains=[chain_of(finished_run)]).problems == [
+        p for p in report.problems if p.chain == chain_of(finished_run)
+    ]
+
+
+def test_an_intact_run_has_no_row_differences_and_its_dossier_says_intact(
+    finished_run, audit_files, make_user
+):
+    checkpoint_create()
+    report = verify(chains=[chain_of(finished_run)])
+    assert report.intact, report.problems
+    assert report.checkpoint_number == 1
+    client = Client()
+    client.force_login(make_user("ann", Role.AUDITOR))
+    page = client.get(f"/audit/tasks/{finished_run.task_id}/").content.decode()
+    assert "intact up to event" in page and "NOT INTACT" not in page
+
+
+# --- 4. the window after the last checkpoint ---------------------------------------------------------
+
+
+def test_beat_checkpoints_only_when_a_chain_moved_and_signs_a_sealed_head(live_pool, audit_files):
+    first = checkpoint_create(only_if_moved=True)
+    assert first is not None
+    assert checkpoint_create(only_if_moved=True) is None, "nothing moved but the checkpoint's own event"
+
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
+    server.program("alpha", [Reply("42")])
+    run = run_now(submit())
+    assert run.status == RunStatus.SUCCEEDED
+    tail = AuditEvent.objects.filter(chain=chain_of(run)).order_by("-seq").first()
+
+    second = checkpoint_create(only_if_moved=True)
+    assert second is not None and second.number == first.number + 1
+    assert second.body["heads"][chain_of(run)] == [tail.seq, tail.hash]
+    assert second.body["previous"] != first.body["previous"]
+
+
+def test_a_run_rewritten_after_the_checkpoint_that_signed_its_seal_is_caught(live_pool, audit_files):
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", "all")))])
+    server.program("alpha", [Reply("draft")])
+    server.program("beta", [Reply("42")])
+    run = run_now(submit())
+    checkpoint_create(only_if_moved=True)  # what beat does a few seconds after the run ends
+    forged = rewrite_run_and_its_seal(run)
+
+    report = verify(chains=[chain_of(run)], rows=False)
+    assert [p.kind for p in report.problems] == ["checkpoint"], report.problems
+    assert "differs from the signed head" in report.problems[0].detail
+    assert forged.seq < report.problems[0].seq
+
+
+def test_a_finished_run_whose_last_events_and_seal_were_deleted_is_flagged_unsealed(
+    finished_run, audit_files
+):
+    name = chain_of(finished_run)
+    seal = seal_of(finished_run)
+    last = AuditEvent.objects.filter(chain=name).order_by("-seq").first()
+    with triggers_off():
+        sql("DELETE FROM audit_auditevent WHERE id = %s OR id = %s", [seal.pk, last.pk])
+
+    report = verify(use_checkpoint=False)
+    assert ("unsealed", name) in [(p.kind, p.chain) for p in report.problems], report.problems
+    assert any("no event records it" in p.detail for p in report.problems)
+
+
+# --- 5. the bad event is named exactly ----------------------------------------------------------------
+
+
+def test_one_event_rewritten_with_its_hash_recomputed_is_named_not_its_successor(finished_run):
+    name = chain_of(finished_run)
+    target = AuditEvent.objects.get(chain=name, action="step.succeeded", payload__index=0)
+    with triggers_off():
+        target.payload = {**target.payload, "cost_usd": "0"}
+        AuditEvent.objects.filter(pk=target.pk).update(payload=target.payload, hash=expected_hash(target))
+
+    report = verify(rows=False)
+    assert [(p.kind, p.event_id, p.seq) for p in report.problems] == [("altered", target.pk, target.seq)]
+    assert "its hash was recomputed after a change" in report.problems[0].detail
+
+
+def test_events_added_after_the_seal_are_named_from_the_first_one(finished_run):
+    name = chain_of(finished_run)
+    tail = AuditEvent.objects.filter(chain=name).order_by("-seq").first()
+    added = AuditEvent(
+        chain=name,
+        seq=tail.seq + 1,
+        prev_hash=tail.hash,
+        occurred_at=timezone.now(),
+        actor_type="service",
+        actor_id="",
+        actor_name="engine",
+        action="step.succeeded",
+        object_type="step",
+        object_id="0",
+        payload={},
+    )
+    added.hash = expected_hash(added)
+    added.save()  # INSERT is allowed; the sealed head refuses appends through the app only
+
+    report = verify(rows=False)
+    assert [(p.kind, p.event_id) for p in report.problems] == [("added", added.pk)]
+    assert f"closed the chain at seq {tail.seq}" in report.problems[0].detail
+
+
+# --- 6. one run's proof alone ----------------------------------------------------------------------
+
+
+def test_one_runs_proof_reads_the_same_few_rows_however_large_the_record(
+    live_pool, audit_files, django_assert_max_num_queries
+):
+    server = live_pool["server"]
+
+    def one_run() -> Run:
+        server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
+        server.program("alpha", [Reply("42")])
+        return run_now(submit())
+
+    run = one_run()
+    checkpoint_create()
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as alone:
+        assert verify(chains=[chain_of(run)]).intact
+    for _ in range(4):
+        one_run()
+        checkpoint_create()
+    with django_assert_max_num_queries(len(alone.captured_queries)):
+        report = verify(chains=[chain_of(run)])
+    assert report.intact and report.checkpoint_number == 1
+    assert Checkpoint.objects.count() == 5 and Decimal(run.cost_usd) > 0
