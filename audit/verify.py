@@ -294,6 +294,8 @@ def _unrecorded_purges(
 ) -> Iterator[Problem]:
     # A ChainPurge row lets the trigger delete a chain's events: it counts only when a seal and a
     # task.purged event of the global chain vouch for it (and its signature holds: _seal_problems).
+    if not purges:
+        return
     recorded = _recorded_purges(chains)
     for name, purge in purges.items():
         if chains is not None and name not in chains:
