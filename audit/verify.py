@@ -340,7 +340,7 @@ def _verify_runs(chains: list[str], *, key: Ed25519PublicKey, use_checkpoint: bo
     report = Report(anchor="checkpoint rows, each checked against its file")
     purges = {p.chain: p for p in ChainPurge.objects.filter(chain__in=chains)}
     sealed: set[str] = set()
-    latest = Checkpoint.objects.order_by("-id").first() if use_checkpoint else None
+    latest = Checkpoint.objects.only("pk", "created_at").order_by("-id").first() if use_checkpoint else None
     for name in chains:
         events = list(AuditEvent.objects.filter(chain=name).order_by("seq"))
         walk = _Walk(name)
@@ -508,6 +508,13 @@ def _anchor_problems(
         report.checkpoints_checked += 1
         number = item.number or 0
         if previous is not None and number:
+            if number == previous.number and item.signature == previous.signature:
+                continue  # the same checkpoint copied twice
+            if number <= previous.number:
+                yield Problem(
+                    "checkpoint", None, GLOBAL_CHAIN, None, f"{label}: number {number} appears twice"
+                )
+                continue
             if number != previous.number + 1:
                 yield Problem(
                     "checkpoint",
