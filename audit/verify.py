@@ -270,9 +270,20 @@ def _seal(event: AuditEvent) -> _Seal:
     return _Seal(event.payload.get("seq", 0), event.payload.get("hash", ""), event.pk, event.occurred_at)
 
 
-def _grace() -> timedelta:
-    """How long after a seal the next checkpoint must have signed the sealed head."""
-    return timedelta(seconds=2 * settings.AUDIT_CHECKPOINT_EVERY_S + 60)
+def _unsigned(name: str, seal: _Seal, signed_seq: int, latest_checkpoint_at: datetime) -> Iterator[Problem]:
+    """A sealed chain whose last head no checkpoint signed, though checkpoints were made well after the
+    seal (beat signs a sealed head within seconds; deleting its signature leaves this trace)."""
+    grace = timedelta(seconds=2 * settings.AUDIT_CHECKPOINT_EVERY_S + 60)
+    if signed_seq < seal.seq and latest_checkpoint_at > seal.at + grace:
+        yield Problem(
+            "unsigned",
+            None,
+            name,
+            seal.seq,
+            f"sealed at {seal.at.isoformat()}, but no checkpoint since has signed its last head",
+            expected=f"a checkpoint signing seq {seal.seq}",
+            near_id=seal.event_id,
+        )
 
 
 def _recorded_purges(chains: list[str] | None) -> set[str]:
@@ -412,21 +423,8 @@ def _covering_problems(
                 f"{label}: event #{event.pk} ({name} seq {signed_seq}) differs from the signed head",
                 expected=f"hash {hash_short(signed_hash)}, found {hash_short(event.hash)}",
             )
-    if (
-        seal is not None
-        and signed_seq < seal.seq
-        and latest is not None
-        and latest.created_at > seal.at + _grace()
-    ):
-        yield Problem(
-            "unsigned",
-            None,
-            name,
-            seal.seq,
-            f"sealed at {seal.at.isoformat()}, but no checkpoint since has signed its last head",
-            expected=f"a checkpoint signing seq {seal.seq}",
-            near_id=seal.event_id,
-        )
+    if seal is not None and latest is not None:
+        yield from _unsigned(name, seal, signed_seq, latest.created_at)
 
 
 def _verify_all(*, key: Ed25519PublicKey, use_checkpoint: bool, directory: Path) -> Report:
@@ -570,16 +568,8 @@ def _anchor_problems(
             )
     if latest_at is not None:
         for name, seal in seals.items():
-            if name not in purges and covered.get(name, 0) < seal.seq and latest_at > seal.at + _grace():
-                yield Problem(
-                    "unsigned",
-                    None,
-                    name,
-                    seal.seq,
-                    f"sealed at {seal.at.isoformat()}, but no checkpoint since has signed its last head",
-                    expected=f"a checkpoint signing seq {seal.seq}",
-                    near_id=seal.event_id,
-                )
+            if name not in purges:
+                yield from _unsigned(name, seal, covered.get(name, 0), latest_at)
 
 
 def _head_problems(
