@@ -9,12 +9,14 @@ makes sure only one process executes a run at a time; the lock dies with the pro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -22,7 +24,9 @@ from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
+import litellm
 import psycopg
+from django import db as django_db
 from django.conf import settings
 from django.db import connection, connections, transaction
 from django.db.models import Exists, F, Sum
@@ -60,6 +64,19 @@ WORKER_SYSTEM_PROMPT = (
 )
 
 
+class Fenced(Exception):
+    """This process's claim on the run is no longer current (another process claimed it, or the lock's
+    connection died): it must write nothing more and make no more calls."""
+
+
+class InfrastructureError(Exception):
+    """The database (or its connection) failed under the run: not the run's fault. The run is left as it
+    is, for the next delivery to resume; the Celery task retries the message."""
+
+
+INFRASTRUCTURE_ERRORS = (django_db.OperationalError, django_db.InterfaceError, psycopg.OperationalError)
+
+
 class RunStopped(Exception):
     """The run cannot go on: a step failed, a plan stayed invalid, or a budget was reached."""
 
@@ -73,7 +90,12 @@ def _audit(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
 
     Watchers of the task get a small live event after commit, numbered by the event's place in the
     run's chain (gap-free), so a page can tell when it missed one.
+
+    Every write transaction of the engine records an event, so this is also where the claim is fenced:
+    the run row is locked and its claim epoch must still be this process's, or the whole transaction
+    (the change with its event) rolls back.
     """
+    _fence(run)
     event = event_record(
         actor=ENGINE,
         action=action,
@@ -97,25 +119,82 @@ def _audit(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
 # --- locking ------------------------------------------------------------------------------------
 
 
+def _fence(run: Run) -> None:
+    """Inside a write transaction: lock the run row and check that this process's claim is current."""
+    lost = getattr(run, "_claim_lost", None)
+    if lost is not None and lost.is_set():
+        raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
+    current = (
+        Run.objects.select_for_update(of=("self",)).filter(pk=run.pk).values_list("claim_epoch", flat=True)
+    )
+    epoch = current.first()
+    if epoch != run.claim_epoch:
+        raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
+
+
+class _Keeper:
+    """Keeps the lock's connection busy and watched: every CONDUCTOR_HEARTBEAT_S it writes the run's
+    heartbeat through it, fenced by the claim epoch. If the connection dies (an idle-session timeout, a
+    reaper, a restart) the lock is gone with it: `lost` is set and the engine stops before its next
+    write or call."""
+
+    def __init__(self, lock_conn: psycopg.Connection, run: Run):
+        self.lock_conn, self.run = lock_conn, run
+        self.lost = threading.Event()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"run-{run.pk}-keeper", daemon=True)
+
+    def __enter__(self) -> _Keeper:
+        self.run._claim_lost = self.lost  # type: ignore[attr-defined]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(settings.CONDUCTOR_HEARTBEAT_S):
+            try:
+                updated = self.lock_conn.execute(
+                    "UPDATE routing_run SET heartbeat_at = now() WHERE id = %s AND claim_epoch = %s",
+                    (self.run.pk, self.run.claim_epoch),
+                ).rowcount
+            except psycopg.Error:
+                updated = 0
+            if not updated:
+                log.warning("run %s: the run lock or the claim was lost; stopping", self.run.pk)
+                self.lost.set()
+                return
+
+
 @contextmanager
-def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
-    """Hold an advisory lock on a connection of its own (it dies with the process); yields False if
-    another process holds it."""
+def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Connection | None]:
+    """Hold an advisory lock on a connection of its own (it dies with the process); yields that
+    connection, or None if another process holds the lock."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as lock_conn:
         acquired = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()[0]
         try:
-            yield bool(acquired)
+            yield lock_conn if acquired else None
         finally:
-            if acquired:
-                lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, key))
+            if acquired and not lock_conn.closed:
+                with contextlib.suppress(psycopg.Error):  # a dead connection took the lock with it
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, key))
 
 
-def run_lock(run_id: int) -> Iterator[bool]:
-    """The run's lock: one process executes a run at a time."""
-    return advisory_lock(ADVISORY_LOCK_NAMESPACE, run_id)
+@contextmanager
+def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
+    """Hold an advisory lock on a connection of its own; yields False if another process holds it."""
+    with advisory_lock_connection(namespace, key) as lock_conn:
+        yield lock_conn is not None
+
+
+def run_lock(run_id: int) -> Iterator[psycopg.Connection | None]:
+    """The run's lock: one process executes a run at a time. Yields the lock's connection, or None."""
+    return advisory_lock_connection(ADVISORY_LOCK_NAMESPACE, run_id)
 
 
 def advisory_locked(namespace: int, key: int) -> bool:
@@ -132,24 +211,37 @@ def run_is_locked(run_id: int) -> bool:
 
 
 def execute_run(run_id: int) -> None:
-    with run_lock(run_id) as acquired:
-        if not acquired:
-            log.info("run %s is being executed by another process; leaving it", run_id)
-            return
-        run = _claim(run_id)
-        if run is None:
-            return
-        try:
-            root = _ensure_plan(run, parent_step=None, depth=0)
-            _execute_plan(run, root)
-            _finish(run, root)
-        except RunStopped as stop:
-            _fail(run, str(stop), stop.stop_reason)
-        except Exception as exc:
-            # A bug or an outage: leave a clear failed state rather than a run stuck in "running".
-            log.exception("run %s failed unexpectedly", run_id)
-            _fail(run, redact(f"internal error: {type(exc).__name__}: {exc}"), "internal")
-            raise
+    """Claim a run and execute it. Raises InfrastructureError when the database failed under it."""
+    try:
+        with run_lock(run_id) as lock_conn:
+            if lock_conn is None:
+                log.info("run %s is being executed by another process; leaving it", run_id)
+                return
+            run = _claim(run_id)
+            if run is None:
+                return
+            with _Keeper(lock_conn, run):
+                _execute(run)
+    except Fenced as fenced:
+        log.warning("%s", fenced)
+    except INFRASTRUCTURE_ERRORS as exc:
+        raise InfrastructureError(f"run {run_id}: {type(exc).__name__}: {exc}") from exc
+
+
+def _execute(run: Run) -> None:
+    try:
+        root = _ensure_plan(run, parent_step=None, depth=0)
+        _execute_plan(run, root)
+        _finish(run, root)
+    except RunStopped as stop:
+        _fail(run, str(stop), stop.stop_reason)
+    except (Fenced, *INFRASTRUCTURE_ERRORS):
+        raise  # not the run's failure: nothing may (or can) be written; the next delivery resumes it
+    except Exception as exc:
+        # A bug: leave a clear failed state rather than a run stuck in "running".
+        log.exception("run %s failed unexpectedly", run.pk)
+        _fail(run, redact(f"internal error: {type(exc).__name__}: {exc}"), "internal")
+        raise
 
 
 def _claim(run_id: int) -> Run | None:
@@ -164,22 +256,28 @@ def _claim(run_id: int) -> Run | None:
         now = timezone.now()
         run.status = RunStatus.RUNNING
         run.deliveries += 1
+        run.claim_epoch += 1  # fences off whatever process held the run before
         run.worker_host = socket.gethostname()
         run.worker_pid = os.getpid()
         run.heartbeat_at = now
         run.started_at = run.started_at or now
         run.save(
-            update_fields=["status", "deliveries", "worker_host", "worker_pid", "heartbeat_at", "started_at"]
+            update_fields=[
+                "status",
+                "deliveries",
+                "claim_epoch",
+                "worker_host",
+                "worker_pid",
+                "heartbeat_at",
+                "started_at",
+            ]
         )
         # We hold the run's lock, so anything still marked in flight belongs to a process that died.
         lost = list(
             Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
         )
         for attempt in lost:
-            attempt.status = Attempt.Status.LOST
-            attempt.error = "the worker process was lost during this call; its outcome is unknown"
-            attempt.finished_at = now
-            attempt.save(update_fields=["status", "error", "finished_at"])
+            _attempt_lost(run, attempt, now)
         Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
@@ -191,7 +289,18 @@ def _claim(run_id: int) -> Run | None:
                 "delivery": run.deliveries,
                 "worker_host": run.worker_host,
                 "worker_pid": run.worker_pid,
-                "lost_attempts": [{"step_id": a.step_id, "attempt": a.number} for a in lost],
+                "epoch": run.claim_epoch,
+                "lost_attempts": [
+                    {
+                        "step_id": a.step_id,
+                        "attempt": a.number,
+                        "cost_usd": a.cost_usd,
+                        "input_tokens": a.input_tokens,
+                        "output_tokens": a.output_tokens,
+                        "estimated": a.cost_estimated,
+                    }
+                    for a in lost
+                ],
                 "conductor": run.conductor_version.name,
             },
         )
@@ -199,6 +308,49 @@ def _claim(run_id: int) -> Run | None:
 
 
 # --- planning -----------------------------------------------------------------------------------
+
+
+def _attempt_lost(run: Run, attempt: Attempt, now: Any) -> None:
+    """A call in flight when its process died: the provider may have answered and charged for it.
+    Its cost is estimated (the prompt as sent, the output at its bound), marked as an estimate, and
+    counted in the totals, so that lost calls do not vanish from spend."""
+    step = attempt.step
+    input_tokens = (
+        litellm.token_counter(model="gpt-4o", messages=step.messages_sent) if step.messages_sent else 0
+    )
+    output_tokens = settings.CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS
+    cost = (
+        step.worker.cost_of(input_tokens=input_tokens, output_tokens=output_tokens)
+        if step.worker
+        else Decimal(0)
+    )
+    attempt.status = Attempt.Status.LOST
+    attempt.error = (
+        "the worker process was lost during this call; its outcome is unknown "
+        f"(cost estimated: {input_tokens} prompt tokens, at most {output_tokens} output tokens)"
+    )
+    attempt.finished_at = now
+    attempt.input_tokens, attempt.output_tokens, attempt.cost_usd = input_tokens, output_tokens, cost
+    attempt.cost_estimated = True
+    attempt.save(
+        update_fields=[
+            "status",
+            "error",
+            "finished_at",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "cost_estimated",
+        ]
+    )
+    _add_cost(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def _claim_current(run: Run) -> None:
+    """Before a provider call: stop if the lock's connection was lost (no database round trip)."""
+    lost = getattr(run, "_claim_lost", None)
+    if lost is not None and lost.is_set():
+        raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops before its next call")
 
 
 def _screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
@@ -344,6 +496,7 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
     """Ask the conductor, retrying timeouts, 429 and 5xx like any provider call; each failure is audited."""
     made = 0
     while True:
+        _claim_current(run)
         try:
             return conductor.propose(request)
         except ConductorUnavailable as exc:
@@ -613,7 +766,10 @@ def _call_worker(run: Run, step: Step) -> None:
     number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
     while True:
         _check_cost_budget(run, step)
-        attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
+        _claim_current(run)
+        with transaction.atomic():
+            _fence(run)
+            attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
         started = time.monotonic()
         try:
             completion = complete(

@@ -6,13 +6,16 @@ Errors are classified once, here, into the statuses an Attempt records.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import litellm
+import openai
 from django.conf import settings
 from litellm.llms.custom_llm import CustomLLM, CustomLLMError
 from litellm.types.utils import ModelResponse
@@ -123,6 +126,7 @@ class ProviderCallError(Exception):
             Attempt.Status.TIMEOUT,
             Attempt.Status.RATE_LIMITED,
             Attempt.Status.SERVER_ERROR,
+            Attempt.Status.MALFORMED,
         }
 
 
@@ -153,32 +157,56 @@ def _replay_no_recording(exc: BaseException) -> ReplayNoRecording | None:
     return None
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(found) < 12:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _sent_status(chain: list[BaseException]) -> int | None:
+    """The HTTP status the provider really answered, if an answer came: from the HTTP client's own
+    error on the chain, never the status litellm gives its exception types (408 for a client-side
+    timeout, 500 for an answer it could not parse)."""
+    for exc in chain:
+        if type(exc).__module__.startswith("litellm"):
+            continue  # litellm's types subclass openai's, with a status of its own choosing
+        if isinstance(exc, httpx.HTTPStatusError | openai.APIStatusError):
+            return exc.response.status_code
+    return None
+
+
 def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> ProviderCallError:
-    """The attempt status of a failed call. Its message is redacted (`secrets`: the keys the call
-    sent) and capped before anything can store it: providers echo requests, keys included."""
+    """The attempt status of a failed call: the kind of failure, and the status the provider sent (if
+    any). Its message is redacted (`secrets`: the keys the call sent) and capped before anything can
+    store it: providers echo requests, keys included."""
     no_recording = _replay_no_recording(exc)
     if no_recording is not None:
         # Shown as is: no litellm exception names, no retries (the pool would answer the same).
         return ProviderCallError(
             Attempt.Status.CLIENT_ERROR, redact(no_recording.plain_message), code=NO_RECORDED_ANSWER
         )
-    status_code = getattr(exc, "status_code", None)
+    chain = _chain(exc)
+    sent = _sent_status(chain)
     message = redact(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}", secrets)
-    if isinstance(exc, litellm.Timeout) or status_code == 408:
-        return ProviderCallError(Attempt.Status.TIMEOUT, message, http_status=status_code)
+    if isinstance(exc, litellm.Timeout) or any(isinstance(e, httpx.TimeoutException) for e in chain):
+        return ProviderCallError(Attempt.Status.TIMEOUT, message, http_status=sent)
+    if sent is None and any(isinstance(e, json.JSONDecodeError) for e in chain):
+        return ProviderCallError(Attempt.Status.MALFORMED, f"malformed answer: {message}")
+    status_code = sent or getattr(exc, "status_code", None)
     if isinstance(exc, litellm.RateLimitError) or status_code == 429:
         return ProviderCallError(
-            Attempt.Status.RATE_LIMITED, message, http_status=429, retry_after=_retry_after(exc)
+            Attempt.Status.RATE_LIMITED, message, http_status=sent, retry_after=_retry_after(exc)
         )
-    if isinstance(exc, litellm.APIConnectionError) and not status_code:
+    if isinstance(exc, litellm.APIConnectionError) and not sent:
         return ProviderCallError(Attempt.Status.SERVER_ERROR, message)
     if isinstance(status_code, int) and status_code >= 500:
-        return ProviderCallError(Attempt.Status.SERVER_ERROR, message, http_status=status_code)
+        return ProviderCallError(Attempt.Status.SERVER_ERROR, message, http_status=sent)
     if isinstance(status_code, int) and 400 <= status_code < 500:
-        return ProviderCallError(Attempt.Status.CLIENT_ERROR, message, http_status=status_code)
-    return ProviderCallError(
-        Attempt.Status.ERROR, message, http_status=status_code if isinstance(status_code, int) else None
-    )
+        return ProviderCallError(Attempt.Status.CLIENT_ERROR, message, http_status=sent)
+    return ProviderCallError(Attempt.Status.ERROR, message, http_status=sent)
 
 
 def endpoint_api_key(key_env: str) -> str:
@@ -222,6 +250,10 @@ def complete(
         )
     except Exception as exc:  # litellm maps every provider failure onto its exception types
         raise classify(exc, secrets=(api_key,)) from exc
+    if not getattr(response, "choices", None):
+        raise ProviderCallError(
+            Attempt.Status.MALFORMED, "malformed answer: the provider answered with no choices"
+        )
     choice = response.choices[0]
     text = choice.message.content or ""
     usage = getattr(response, "usage", None)
