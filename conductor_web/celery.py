@@ -28,6 +28,8 @@ def worker_command(
 
     command = [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "--loglevel", loglevel]
     command += ["--concurrency", str(concurrency), "--pool", "prefork"]
+    if "runs" in queues:  # runs sent again after their process died go ahead of the backlog
+        queues = ("resume", *queues)
     command += ["--queues", ",".join(settings.CONDUCTOR_QUEUE_PREFIX + q for q in queues)]
     if hostname:
         command += ["--hostname", hostname]

@@ -84,7 +84,9 @@ def redis_url(var_dir: Path) -> str:
             f"logfile {(redis_dir / 'redis.log').resolve()}",
             f"dir {redis_dir.resolve()}",
             'save ""',
-            "appendonly no",
+            # The broker's queue survives a restart: every write is logged, flushed each second.
+            "appendonly yes",
+            "appendfsync everysec",
         ]
     )
     (redis_dir / "redis.conf").write_text(config + "\n")

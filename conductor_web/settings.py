@@ -178,6 +178,11 @@ RETENTION_DAYS = {
 }
 
 # --- Celery -------------------------------------------------------------------------------
+# How often beat looks for runs no process executes (a killed worker): they resume within this.
+CONDUCTOR_RESUME_SWEEP_S = env_float("CONDUCTOR_RESUME_SWEEP_S", 3.0, minimum=0.5)
+# A queued run whose message was not handed to the broker this long after submission (the broker
+# was down) is sent by the sweep.
+CONDUCTOR_SEND_GRACE_S = env_int("CONDUCTOR_SEND_GRACE_S", 10, minimum=1)
 # The longest run the engine allows; the broker's visibility timeout must exceed it or a
 # still-running task would be handed to a second worker.
 RUN_TIME_LIMIT_S = env_int("CONDUCTOR_RUN_TIME_LIMIT_S", 3600, minimum=10)
@@ -196,7 +201,10 @@ CELERY_TASK_ROUTES = {"training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
-    "requeue-stalled-runs": {"task": "routing.tasks.requeue_stalled_runs", "schedule": 60.0},
+    "requeue-stalled-runs": {
+        "task": "routing.tasks.requeue_stalled_runs",
+        "schedule": CONDUCTOR_RESUME_SWEEP_S,
+    },
     "audit-checkpoint": {
         "task": "audit.tasks.checkpoint_create",
         "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
@@ -216,7 +224,6 @@ CONDUCTOR_PROVIDER_MAX_ATTEMPTS = env_int("CONDUCTOR_PROVIDER_MAX_ATTEMPTS", 3, 
 CONDUCTOR_RETRY_BACKOFF_S = env_float("CONDUCTOR_RETRY_BACKOFF_S", 1.0, minimum=0.0)
 CONDUCTOR_RETRY_BACKOFF_MAX_S = env_float("CONDUCTOR_RETRY_BACKOFF_MAX_S", 30.0, minimum=0.0)
 CONDUCTOR_RETRY_AFTER_MAX_S = env_float("CONDUCTOR_RETRY_AFTER_MAX_S", 60.0, minimum=0.0)
-CONDUCTOR_STALLED_AFTER_S = env_int("CONDUCTOR_STALLED_AFTER_S", 300, minimum=5)
 # How often a process executing a run proves it is alive (the run lock's connection, the heartbeat).
 CONDUCTOR_HEARTBEAT_S = env_float("CONDUCTOR_HEARTBEAT_S", 5.0, minimum=0.1)
 # A call lost in flight (its process was killed) is paid for but unrecorded: its cost is estimated

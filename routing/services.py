@@ -204,9 +204,12 @@ def _same_or_conflict(existing: Task, text: str) -> Task:
 
 
 def run_enqueue(*, run_id: int) -> None:
-    from .tasks import run_workflow
+    """Hand a run's message to the broker (called on commit of the run). A broker that cannot be
+    reached loses nothing: the run is committed, the caller gets its answer, and the sweep
+    (routing.tasks.requeue_stalled_runs) sends the message once the broker is back."""
+    from .tasks import run_send
 
-    run_workflow.delay(run_id)
+    run_send(run_id, previous=None)
 
 
 def worker_upsert(*, slug: str, fields: dict[str, Any], actor: Actor) -> tuple[Worker, bool]:

@@ -126,7 +126,8 @@ def clear_queues() -> None:
     from conductor_web.celery import app
 
     with app.connection_for_write() as conn:
-        for queue in (app.conf.task_default_queue, settings.CONDUCTOR_QUEUE_PREFIX + "training"):
+        prefix = settings.CONDUCTOR_QUEUE_PREFIX
+        for queue in (app.conf.task_default_queue, prefix + "training", prefix + "resume"):
             with contextlib.suppress(Exception):  # the queue may not exist yet
                 conn.default_channel.queue_purge(queue)
 

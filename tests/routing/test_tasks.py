@@ -1,4 +1,6 @@
-"""requeue_stalled_runs against the real PostgreSQL (advisory locks) and the real Redis broker."""
+"""The delivery sweep (requeue_stalled_runs) and sending a run, against the real PostgreSQL (advisory
+locks) and the real Redis broker: a run is sent again once when no process executes it and no message
+will reach it, never while it waits in the queue."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from django.utils import timezone
 from routing.engine import run_lock
 from routing.models import Run, RunStatus, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
-from routing.tasks import requeue_stalled_runs
+from routing.tasks import requeue_stalled_runs, resume_queue, run_send
 from tests.conftest import clear_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,10 +32,10 @@ def broker() -> Iterator[redis.Redis]:
     client.close()
 
 
-def queued_run_ids(client: redis.Redis) -> list[int]:
-    """The run ids of the run_workflow messages waiting in the broker's queue (kombu's Redis list)."""
+def queued_run_ids(client: redis.Redis, queue: str | None = None) -> list[int]:
+    """The run ids of the run_workflow messages waiting in a broker queue (kombu's Redis list)."""
     run_ids = []
-    for raw in client.lrange(settings.CELERY_TASK_DEFAULT_QUEUE, 0, -1):
+    for raw in client.lrange(queue or settings.CELERY_TASK_DEFAULT_QUEUE, 0, -1):
         message = json.loads(raw)
         assert message["headers"]["task"] == "routing.tasks.run_workflow"
         args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
@@ -41,99 +43,106 @@ def queued_run_ids(client: redis.Redis) -> list[int]:
     return sorted(run_ids)
 
 
-def make_run(client: redis.Redis, *, status: str, age_s: float, heartbeat_age_s: float | None) -> Run:
-    """A submitted run, then aged: created age_s ago, last heartbeat heartbeat_age_s ago (None: never)."""
+def resumed(client: redis.Redis) -> list[int]:
+    return queued_run_ids(client, resume_queue())
+
+
+def make_run(
+    client: redis.Redis,
+    *,
+    status: str,
+    age_s: float = 600,
+    heartbeat_age_s: float | None = None,
+    sent_age_s=0.0,
+) -> Run:
+    """A submitted run, then aged: created age_s ago, last heartbeat heartbeat_age_s ago, its message
+    sent sent_age_s ago (None: never sent)."""
     conductor_active()
     task, _ = task_submit(submission=TaskSubmission(text="What is 6 * 7?"), source=Task.Source.API)
     run = task.runs.get()
-    # Submitting queued it (on commit); start every test from an empty queue.
+    # Submitting sent it (on commit) and recorded when; start every test from an empty queue.
     assert run.pk in queued_run_ids(client)
+    assert Run.objects.get(pk=run.pk).enqueued_at is not None
     clear_queues()
     now = timezone.now()
     Run.objects.filter(pk=run.pk).update(
         status=status,
         created_at=now - timedelta(seconds=age_s),
         heartbeat_at=None if heartbeat_age_s is None else now - timedelta(seconds=heartbeat_age_s),
+        enqueued_at=None
+        if sent_age_s is None
+        else now - timedelta(seconds=sent_age_s + (age_s if status == RunStatus.QUEUED else 0)),
     )
     return run
 
 
-def stale() -> float:
-    return settings.CONDUCTOR_STALLED_AFTER_S + 60
-
-
-def test_a_stalled_running_run_is_queued_again(broker):
-    run = make_run(broker, status=RunStatus.RUNNING, age_s=stale() * 3, heartbeat_age_s=stale())
-    assert broker.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+def test_a_running_run_whose_process_died_is_sent_once_to_the_resume_queue(broker):
+    # Its worker claimed it (heartbeat after the message was sent), then died: nobody holds its lock.
+    run = make_run(broker, status=RunStatus.RUNNING, heartbeat_age_s=2, sent_age_s=60)
 
     assert requeue_stalled_runs() == [run.pk]
-
-    assert broker.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 1
-    assert queued_run_ids(broker) == [run.pk]
-
-
-def test_a_queued_run_whose_message_was_lost_is_queued_again(broker):
-    run = make_run(broker, status=RunStatus.QUEUED, age_s=stale(), heartbeat_age_s=None)
-
-    assert requeue_stalled_runs() == [run.pk]
-    assert queued_run_ids(broker) == [run.pk]
-
-
-def test_a_run_whose_lock_is_held_is_left_alone(broker):
-    locked = make_run(broker, status=RunStatus.RUNNING, age_s=stale() * 3, heartbeat_age_s=stale())
-    other = make_run(broker, status=RunStatus.RUNNING, age_s=stale() * 3, heartbeat_age_s=stale())
-
-    with run_lock(locked.pk) as acquired:
-        assert acquired
-        assert requeue_stalled_runs() == [other.pk]
-        assert queued_run_ids(broker) == [other.pk]
-
-    # Once the holder is gone, the same run counts as stalled: the lock was the only reason. The run
-    # queued a moment ago is not queued again at the next tick.
-    clear_queues()
-    assert requeue_stalled_runs() == [locked.pk]
-    assert queued_run_ids(broker) == [locked.pk]
+    assert resumed(broker) == [run.pk] and queued_run_ids(broker) == []
+    # The message waits in the queue: the next sweeps send nothing more.
     assert requeue_stalled_runs() == []
+    assert requeue_stalled_runs() == []
+    assert resumed(broker) == [run.pk]
 
-
-@pytest.mark.parametrize(
-    ("status", "age", "heartbeat_age"),
-    [
-        # Ages as functions of CONDUCTOR_STALLED_AFTER_S.
-        (RunStatus.RUNNING, lambda s: 10, lambda s: 10),  # just submitted
-        (RunStatus.QUEUED, lambda s: 10, None),  # just submitted, not yet picked up
-        (RunStatus.RUNNING, lambda s: s * 3, lambda s: 10),  # old, but its worker beat recently
-        (RunStatus.RUNNING, lambda s: s - 30, lambda s: s + 60),  # created after the cutoff
-    ],
-    ids=["recent-running", "recent-queued", "fresh-heartbeat", "created-after-cutoff"],
-)
-def test_a_run_that_moved_recently_is_not_requeued(broker, status, age, heartbeat_age):
-    after = settings.CONDUCTOR_STALLED_AFTER_S
-    make_run(
-        broker,
-        status=status,
-        age_s=age(after),
-        heartbeat_age_s=None if heartbeat_age is None else heartbeat_age(after),
+    # Claimed again, and its process died again: sent again, once.
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(
+        enqueued_at=now - timedelta(seconds=10), heartbeat_at=now - timedelta(seconds=5)
     )
+    assert requeue_stalled_runs() == [run.pk]
+    assert requeue_stalled_runs() == []
+
+
+def test_a_running_run_whose_lock_is_held_is_left_alone(broker):
+    locked = make_run(broker, status=RunStatus.RUNNING, heartbeat_age_s=600, sent_age_s=700)
+    with run_lock(locked.pk) as lock_conn:
+        assert lock_conn is not None
+        assert requeue_stalled_runs() == []
+    assert requeue_stalled_runs() == [locked.pk]
+
+
+def test_a_queued_run_waiting_in_a_long_queue_is_never_sent_twice(broker):
+    waiting = make_run(broker, status=RunStatus.QUEUED, age_s=3600, sent_age_s=0)
 
     assert requeue_stalled_runs() == []
-    assert broker.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
+    assert queued_run_ids(broker) == [] and resumed(broker) == []
+    assert Run.objects.get(pk=waiting.pk).enqueued_at is not None
+
+
+def test_a_queued_run_whose_message_never_reached_the_broker_is_sent_after_the_grace(broker):
+    never = make_run(
+        broker, status=RunStatus.QUEUED, age_s=settings.CONDUCTOR_SEND_GRACE_S + 5, sent_age_s=None
+    )
+    young = make_run(broker, status=RunStatus.QUEUED, age_s=1, sent_age_s=None)
+
+    assert requeue_stalled_runs() == [never.pk]
+    assert queued_run_ids(broker) == [never.pk]
+    assert requeue_stalled_runs() == []
+    assert Run.objects.get(pk=young.pk).enqueued_at is None
+
+
+def test_a_message_older_than_the_visibility_timeout_counts_as_lost(broker):
+    timeout = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    lost = make_run(broker, status=RunStatus.QUEUED, age_s=10, sent_age_s=timeout + 60)
+
+    assert requeue_stalled_runs() == [lost.pk]
 
 
 @pytest.mark.parametrize("status", [RunStatus.SUCCEEDED, RunStatus.FAILED])
-def test_finished_runs_are_not_requeued(broker, status):
-    make_run(broker, status=status, age_s=stale() * 3, heartbeat_age_s=stale() * 2)
-    make_run(broker, status=status, age_s=stale() * 3, heartbeat_age_s=None)
+def test_finished_runs_are_never_sent_again(broker, status):
+    make_run(broker, status=status, heartbeat_age_s=600, sent_age_s=600)
+    make_run(broker, status=status, sent_age_s=None)
 
     assert requeue_stalled_runs() == []
     assert broker.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0
 
 
-def test_only_the_stalled_run_of_a_mixed_set_is_requeued(broker):
-    stalled = make_run(broker, status=RunStatus.RUNNING, age_s=stale() * 3, heartbeat_age_s=stale())
-    make_run(broker, status=RunStatus.RUNNING, age_s=stale() * 3, heartbeat_age_s=5)
-    make_run(broker, status=RunStatus.SUCCEEDED, age_s=stale() * 3, heartbeat_age_s=stale())
-    make_run(broker, status=RunStatus.QUEUED, age_s=5, heartbeat_age_s=None)
+def test_two_senders_of_the_same_run_send_one_message(broker):
+    run = make_run(broker, status=RunStatus.QUEUED, sent_age_s=None)
 
-    assert requeue_stalled_runs() == [stalled.pk]
-    assert queued_run_ids(broker) == [stalled.pk]
+    assert run_send(run.pk, previous=None) is True
+    assert run_send(run.pk, previous=None) is False
+    assert queued_run_ids(broker) == [run.pk]
