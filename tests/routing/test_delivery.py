@@ -1,0 +1,318 @@
+"""Runs that survive their infrastructure: a lock connection killed mid-run (fencing), the database
+failing under a worker process (retry, not loss), the broker down at submission and restarted (AOF),
+and a killed worker process resumed ahead of the backlog. Real PostgreSQL, Redis, celery workers and
+loopback HTTP servers throughout."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Sum
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent, Role
+from audit.roles import token_create
+from audit.verify import verify
+from conductor_web import embedded
+from routing import engine
+from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
+from routing.services import TaskSubmission, task_submit
+from routing.tasks import requeue_stalled_runs, resume_queue
+from tests.conftest import clear_queues, wait_for
+from tests.openai_server import Reply, plan_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def submit(text: str = "What is 6 * 7?") -> Run:
+    task, _ = task_submit(submission=TaskSubmission(text=text), source=Task.Source.API)
+    return task.runs.get()
+
+
+def terminate(where: str) -> int:
+    """pg_terminate_backend for other sessions of this database whose last query matches `where`
+    (a SQL condition on pg_stat_activity.query), as an idle-session timeout or a reaper would."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "  # noqa: S608 (the tests' own SQL)
+            f"WHERE datname = current_database() AND pid <> pg_backend_pid() AND ({where})"
+        )
+        return cursor.fetchone()[0]
+
+
+LOCK_SESSION = "query LIKE '%%pg_try_advisory_lock%%' OR query LIKE '%%SET heartbeat_at = now()%%'"
+
+
+def three_steps(server, *, delay_s: float) -> None:
+    server.program(
+        "conductor",
+        [Reply(plan_json(("alpha", "One", []), ("beta", "Two", "all"), ("gamma", "Three", "all")))] * 3,
+    )
+    for slug in ("alpha", "beta", "gamma"):
+        server.program(
+            slug, [Reply(f"{slug} answers", delay_s=delay_s, prompt_tokens=100, completion_tokens=10)] * 3
+        )
+
+
+def assert_paid_once_and_totals_add_up(run: Run) -> None:
+    for step in Step.objects.filter(run=run):
+        succeeded = step.attempts.filter(status=Attempt.Status.SUCCEEDED).count()
+        assert succeeded == 1, f"step {step.index} has {succeeded} succeeded attempts"
+    assert not Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).exists()
+    parts = (Decision.objects.filter(run=run).aggregate(c=Sum("cost_usd"))["c"] or 0) + (
+        Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"] or 0
+    )
+    assert run.cost_usd == parts
+    assert verify(chains=[f"run:{run.correlation_id}"]).intact
+
+
+# --- 9. the lock's connection dies: the claim epoch fences the first process ------------------------
+
+
+def test_a_process_whose_lock_connection_died_writes_nothing_after_another_claims_the_run(live_pool):
+    server = live_pool["server"]
+    three_steps(server, delay_s=2.0)
+    run = submit()
+    first = threading.Thread(target=engine.execute_run, args=(run.pk,))
+    first.start()
+    wait_for(lambda: server.requests_for("alpha"), timeout=20, what="the first process's call")
+    assert terminate(LOCK_SESSION) == 1  # the first process's lock is gone; it does not know yet
+
+    engine.execute_run(run.pk)  # a second delivery claims the run and runs it to the end
+    first.join(30)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED and run.claim_epoch == 2
+    assert_paid_once_and_totals_add_up(run)
+    # Paid calls: the one in flight when the lock died, and one per step.
+    assert [len(server.requests_for(s)) for s in ("alpha", "beta", "gamma")] == [2, 1, 1]
+    lost = Attempt.objects.get(step__run=run, status=Attempt.Status.LOST)
+    assert lost.cost_estimated and lost.cost_usd > 0  # item 11: the lost call's spend is kept
+    assert lost.step.index == 0
+
+
+def test_a_stale_claim_cannot_write(live_pool):
+    run = submit()
+    with engine.run_lock(run.pk):
+        stale = engine._claim(run.pk)
+    engine._claim(run.pk)  # another process's claim
+
+    with pytest.raises(engine.Fenced), transaction.atomic():
+        engine._audit(stale, "step.started", stale, {})
+    assert not Run.objects.get(pk=run.pk).steps.exists()
+
+
+# --- 11. a call lost in flight is estimated, counted and recorded ---------------------------------
+
+
+def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool):
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "One", [])))])
+    server.program("alpha", [Reply("42", prompt_tokens=100, completion_tokens=10)])
+    run = submit()
+    # The state a killed process leaves: its step running, its call started, nobody holding the lock.
+    with engine.run_lock(run.pk):
+        claimed = engine._claim(run.pk)
+        decision = engine._ensure_plan(claimed, parent_step=None, depth=0)
+        step = engine._start_step(claimed, decision.steps.get().pk)
+        Attempt.objects.create(step=step, number=1, started_at=step.started_at)
+
+    engine.execute_run(run.pk)
+
+    run.refresh_from_db()
+    lost = Attempt.objects.get(step=step, number=1)
+    assert lost.status == Attempt.Status.LOST and lost.cost_estimated
+    assert lost.output_tokens == settings.CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS and lost.input_tokens > 0
+    assert lost.cost_usd == step.worker.cost_of(
+        input_tokens=lost.input_tokens, output_tokens=lost.output_tokens
+    )
+    assert run.status == RunStatus.SUCCEEDED and run.task.cost_usd == run.cost_usd
+    assert (
+        run.cost_usd == lost.cost_usd + Attempt.objects.get(step=step, number=2).cost_usd + decision.cost_usd
+    )
+    event = AuditEvent.objects.get(correlation_id=run.correlation_id, action="run.resumed")
+    assert event.payload["lost_attempts"] == [
+        {
+            "step_id": step.pk,
+            "attempt": 1,
+            "cost_usd": str(lost.cost_usd),
+            "input_tokens": lost.input_tokens,
+            "output_tokens": lost.output_tokens,
+            "estimated": True,
+        }
+    ]
+    assert verify(chains=[f"run:{run.correlation_id}"]).intact
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "http_status"),
+    [
+        (Reply(raw_body=b"{not json"), Attempt.Status.MALFORMED, None),
+        (Reply(raw_body=b'{"choices": []}'), Attempt.Status.MALFORMED, None),
+        (Reply(delay_s=1.5), Attempt.Status.TIMEOUT, None),
+        (Reply(status=500), Attempt.Status.SERVER_ERROR, 500),
+        (Reply(status=429, headers={"Retry-After": "0"}), Attempt.Status.RATE_LIMITED, 429),
+    ],
+    ids=["malformed-json", "no-choices", "client-timeout", "500", "429"],
+)
+def test_each_failure_records_its_kind_and_only_the_status_the_provider_sent(
+    live_pool, settings, reply, status, http_status
+):
+    settings.CONDUCTOR_PROVIDER_TIMEOUT_S = 0.5
+    settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS = 1
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "One", [])))])
+    server.program("alpha", [reply])
+    run = submit()
+
+    engine.execute_run(run.pk)
+
+    attempt = Attempt.objects.get(step__run=run)
+    assert (attempt.status, attempt.http_status) == (status, http_status), attempt.error
+
+
+# --- 7. the database fails under a worker process: the message is retried, not dropped --------------
+
+
+def test_a_database_failure_under_a_worker_retries_the_message_without_the_sweep(live_pool, celery_workers):
+    server = live_pool["server"]
+    three_steps(server, delay_s=1.5)
+    worker = celery_workers("w1")
+    run = submit()
+    wait_for(lambda: server.requests_for("alpha"), timeout=30, what="the worker's first call")
+    # Kill the worker's own database session (not its lock): its next write fails.
+    killed = terminate(f"NOT ({LOCK_SESSION}) AND backend_type = 'client backend' AND state <> 'active'")
+    assert killed >= 1
+
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]).first(),
+        timeout=60,
+        what="the run to finish (no beat, no sweep: only the retried message)",
+    )
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.deliveries >= 2
+    assert any("retrying" in line for line in worker.lines), "".join(worker.lines[-30:])
+    assert_paid_once_and_totals_add_up(run)
+
+
+# --- 8. the broker down at submission, and restarted -----------------------------------------------
+
+
+def restart_redis() -> None:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    with contextlib.suppress(redis.ConnectionError):  # the server closes the connection as it exits
+        client.shutdown(nosave=True)
+    wait_for(lambda: not Path(settings.VAR_DIR, "redis", "redis.pid").exists() or _down(), timeout=10)
+    embedded.redis_url(Path(settings.VAR_DIR))
+
+
+def _down() -> bool:
+    try:
+        redis.Redis.from_url(settings.REDIS_URL).ping()
+    except redis.ConnectionError:
+        return True
+    return False
+
+
+def queue_length(name: str) -> int:
+    return redis.Redis.from_url(settings.REDIS_URL).llen(name)
+
+
+def test_a_queued_message_survives_a_broker_restart(db):
+    restart_redis()  # a broker started before this version had its old configuration
+    assert redis.Redis.from_url(settings.REDIS_URL).config_get("appendonly") == {"appendonly": "yes"}
+    clear_queues()
+    run = submit()
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    assert queue_length(queue) == 1
+    time.sleep(1.2)  # appendfsync everysec
+
+    restart_redis()
+
+    assert queue_length(queue) == 1, "the queued run was lost with the broker's memory"
+    clear_queues()
+    assert run.pk
+
+
+def test_a_submission_while_the_broker_is_down_answers_with_its_task_and_the_sweep_sends_it(make_user):
+    clear_queues()
+    api = APIClient()
+    operator = make_user("ops", Role.OPERATOR)
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=operator, role=Role.OPERATOR).key}")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    with contextlib.suppress(redis.ConnectionError):
+        client.shutdown(nosave=False)
+    wait_for(_down, timeout=10, what="the broker to stop")
+    try:
+        response = api.post(
+            "/api/tasks/", {"text": "What is 6 * 7?", "idempotency_key": "k-1"}, format="json"
+        )
+        assert response.status_code == 201, response.content
+        run = Run.objects.get(task_id=response.data["id"])
+        assert run.status == RunStatus.QUEUED and run.enqueued_at is None
+    finally:
+        embedded.redis_url(Path(settings.VAR_DIR))
+    # The client retries (it never saw an answer, say): same task, no second run.
+    again = api.post("/api/tasks/", {"text": "What is 6 * 7?", "idempotency_key": "k-1"}, format="json")
+    assert again.status_code in (200, 201) and again.data["id"] == response.data["id"]
+    assert Run.objects.filter(task_id=response.data["id"]).count() == 1
+
+    Run.objects.filter(pk=run.pk).update(
+        created_at=run.created_at - timedelta(seconds=settings.CONDUCTOR_SEND_GRACE_S + 1)
+    )
+    assert requeue_stalled_runs() == [run.pk]
+    assert queue_length(settings.CELERY_TASK_DEFAULT_QUEUE) == 1
+    clear_queues()
+
+
+# --- 10. a killed worker process: its run resumes ahead of the backlog ------------------------------
+
+
+def pool_children(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+
+def test_a_run_whose_worker_process_was_killed_resumes_ahead_of_the_backlog(live_pool, celery_workers):
+    server = live_pool["server"]
+    three_steps(server, delay_s=1.0)
+    worker = celery_workers("w1")
+    first = submit("First")
+    backlog = [submit(f"Waiting {i}") for i in range(3)]
+    wait_for(lambda: server.requests_for("alpha"), timeout=30, what="the first run's call")
+    (child,) = pool_children(worker.proc.pid)
+    os.kill(child, signal.SIGKILL)
+
+    # Beat's sweep, as often as beat runs it.
+    def sweep_until_resumed() -> Run | None:
+        requeue_stalled_runs()
+        return Run.objects.filter(pk=first.pk, deliveries__gte=2).first()
+
+    wait_for(sweep_until_resumed, timeout=30, interval=settings.CONDUCTOR_RESUME_SWEEP_S, what="the resume")
+    first = wait_for(
+        lambda: Run.objects.filter(pk=first.pk, status=RunStatus.SUCCEEDED).first(), timeout=60, what="first"
+    )
+    # It did not wait for the backlog: at most the run the new process took before the sweep ran (the
+    # killed one's message went back to the far end of the queue, behind all three).
+    ahead = [
+        r.pk for r in Run.objects.filter(pk__in=[r.pk for r in backlog], finished_at__lt=first.finished_at)
+    ]
+    assert len(ahead) <= 1, ahead
+    assert_paid_once_and_totals_add_up(first)
+    assert queue_length(resume_queue()) == 0
+    assert (
+        Step.objects.filter(run=first).values_list("status", flat=True).distinct().get()
+        == StepStatus.SUCCEEDED
+    )
+    assert Decimal(first.cost_usd) > 0
