@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test lint install-demo install-test chromium stop
+.PHONY: demo test lint install-demo install-test chromium stop chaos
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,6 @@ test: install-test lint
 
 stop:
 	$(PY) manage.py services stop
+
+chaos: install-test
+	$(PY) -m bench.chaos $(CHAOS_ARGS)

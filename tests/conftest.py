@@ -7,7 +7,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from decimal import Decimal
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,36 +66,9 @@ def openai_server() -> Iterator[OpenAIServer]:
 @pytest.fixture
 def live_pool(openai_server):
     """Three workers of two vendors and an LLM conductor, all served by the loopback server."""
-    from routing.models import ConductorVersion, Worker
+    from tests.openai_server import register_pool
 
-    workers = {}
-    for slug, vendor, price_in, price_out in (
-        ("alpha", "acme", "1.00", "2.00"),
-        ("beta", "acme", "0.50", "1.50"),
-        ("gamma", "globex", "3.00", "15.00"),
-    ):
-        workers[slug] = Worker.objects.create(
-            slug=slug,
-            display_name=slug.title(),
-            litellm_model=f"openai/{slug}",
-            api_base=openai_server.base_url,
-            vendor=vendor,
-            input_usd_per_mtok=Decimal(price_in),
-            output_usd_per_mtok=Decimal(price_out),
-            price_source=Worker.PriceSource.OVERRIDE,
-        )
-    ConductorVersion.objects.update(is_active=False)
-    conductor = ConductorVersion.objects.create(
-        name="llm-test",
-        backend=ConductorVersion.Backend.LLM,
-        is_active=True,
-        config={
-            "model": "hosted_vllm/conductor",
-            "api_base": openai_server.base_url,
-            "input_usd_per_mtok": "0.10",
-            "output_usd_per_mtok": "0.20",
-        },
-    )
+    workers, conductor = register_pool(openai_server)
     return {"workers": workers, "conductor": conductor, "server": openai_server}
 
 

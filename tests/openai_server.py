@@ -191,3 +191,41 @@ def plan_json(*steps: tuple[str, str, Any], thought: str = "test plan") -> str:
     return json.dumps(
         {"thought": thought, "steps": [{"worker": w, "instruction": i, "access": a} for w, i, a in steps]}
     )
+
+
+def register_pool(server: OpenAIServer) -> tuple[dict[str, Any], Any]:
+    """Three workers of two vendors (alpha, beta: acme; gamma: globex) and an active LLM conductor,
+    all served by this loopback server (tests' live_pool, bench/chaos)."""
+    from decimal import Decimal
+
+    from routing.models import ConductorVersion, Worker
+
+    workers = {}
+    for slug, vendor, price_in, price_out in (
+        ("alpha", "acme", "1.00", "2.00"),
+        ("beta", "acme", "0.50", "1.50"),
+        ("gamma", "globex", "3.00", "15.00"),
+    ):
+        workers[slug] = Worker.objects.create(
+            slug=slug,
+            display_name=slug.title(),
+            litellm_model=f"openai/{slug}",
+            api_base=server.base_url,
+            vendor=vendor,
+            input_usd_per_mtok=Decimal(price_in),
+            output_usd_per_mtok=Decimal(price_out),
+            price_source=Worker.PriceSource.OVERRIDE,
+        )
+    ConductorVersion.objects.update(is_active=False)
+    conductor = ConductorVersion.objects.create(
+        name="llm-test",
+        backend=ConductorVersion.Backend.LLM,
+        is_active=True,
+        config={
+            "model": "hosted_vllm/conductor",
+            "api_base": server.base_url,
+            "input_usd_per_mtok": "0.10",
+            "output_usd_per_mtok": "0.20",
+        },
+    )
+    return workers, conductor
