@@ -19,6 +19,7 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
+from django.test import Client
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent, Role
@@ -116,7 +117,7 @@ def test_a_stale_claim_cannot_write(live_pool):
 # --- 11. a call lost in flight is estimated, counted and recorded ---------------------------------
 
 
-def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool):
+def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, make_user):
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "One", [])))])
     server.program("alpha", [Reply("42", prompt_tokens=100, completion_tokens=10)])
@@ -153,6 +154,9 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool):
         }
     ]
     assert verify(chains=[f"run:{run.correlation_id}"]).intact
+    page = Client()
+    page.force_login(make_user("ops", Role.OPERATOR))
+    assert f"≈ {lost.cost_usd:.6f} (estimated)" in page.get(f"/tasks/{run.task_id}/").content.decode()
 
 
 @pytest.mark.parametrize(
