@@ -132,9 +132,19 @@ def test_provider_failures_and_the_lost_call(record: Record):
     assert lost.status == RunStatus.SUCCEEDED and lost.deliveries == 2
     assert statuses("lost_call") == [Attempt.Status.SUCCEEDED, Attempt.Status.LOST, Attempt.Status.SUCCEEDED]
     attempt = Attempt.objects.get(step__run=lost, status=Attempt.Status.LOST)
-    assert attempt.step.index == 1 and attempt.cost_usd == 0
+    # Paid for, unrecorded by the provider's answer: an estimate, marked, counted in the totals.
+    assert attempt.step.index == 1 and attempt.cost_estimated and attempt.cost_usd > 0
     resumed = AuditEvent.objects.get(correlation_id=lost.correlation_id, action="run.resumed")
-    assert resumed.payload["lost_attempts"] == [{"step_id": attempt.step_id, "attempt": attempt.number}]
+    assert resumed.payload["lost_attempts"] == [
+        {
+            "step_id": attempt.step_id,
+            "attempt": attempt.number,
+            "cost_usd": str(attempt.cost_usd),
+            "input_tokens": attempt.input_tokens,
+            "output_tokens": attempt.output_tokens,
+            "estimated": True,
+        }
+    ]
     assert (
         resumed.payload["worker_pid"]
         != AuditEvent.objects.get(correlation_id=lost.correlation_id, action="run.started").payload[
