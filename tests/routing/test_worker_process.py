@@ -94,7 +94,10 @@ def test_a_run_whose_worker_process_is_killed_resumes_elsewhere_without_repeatin
         assert step.status == StepStatus.SUCCEEDED
         assert step.attempts.filter(status=Attempt.Status.SUCCEEDED).count() == 1
     lost = Attempt.objects.get(step__run=run, status=Attempt.Status.LOST)
-    assert lost.step.index == 1 and lost.cost_usd == 0
+    # The lost call was paid for: an estimate, marked as such, counted in the run's cost.
+    assert lost.step.index == 1 and lost.cost_estimated and lost.cost_usd > 0
     assert Step.objects.filter(run=run).count() == 3  # no step lost, none duplicated
     resumed = AuditEvent.objects.get(correlation_id=run.correlation_id, action="run.resumed")
-    assert resumed.payload["lost_attempts"] == [{"step_id": lost.step_id, "attempt": lost.number}]
+    assert [(a["step_id"], a["attempt"], a["estimated"]) for a in resumed.payload["lost_attempts"]] == [
+        (lost.step_id, lost.number, True)
+    ]
