@@ -44,7 +44,8 @@ class Problem:
 
     def sentence(self) -> str:
         where = f"event #{self.event_id}" if self.event_id else f"chain {self.chain}"
-        text = f"{self.kind}: {where} ({self.chain}, seq {self.seq}): {self.detail}"
+        place = f"{self.chain}, seq {self.seq}" if self.seq is not None else self.chain
+        text = f"{self.kind}: {where} ({place}): {self.detail}"
         return f"{text}; expected {self.expected}" if self.expected else text
 
 

@@ -56,7 +56,6 @@ def _differs(event: AuditEvent, what: str, recorded: Any, now: Any) -> Problem:
         event.chain,
         event.seq,
         f"{what} is {now!r} in its row; this {event.action} event recorded {recorded!r}",
-        expected=repr(recorded),
     )
 
 
@@ -204,7 +203,6 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
             name,
             None,
             f"run {run.pk}'s cost_usd is {run.cost_usd} in its row, but its decisions, attempts and judging add up to {parts}",
-            expected=str(parts),
         )
 
 
