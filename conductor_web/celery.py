@@ -19,7 +19,9 @@ def worker_command(
 ) -> list[str]:
     """The command line of a `celery worker` for this app on this interpreter (demo, tests, benchmarks).
 
-    queues: "runs" (workflow runs) and/or "training" (training jobs), prefixed as configured.
+    queues: "runs" (workflow runs), "training" (training jobs), "maintenance" (the resume sweep,
+    checkpoints, retention), prefixed as configured. A runs worker also consumes "resume" and
+    "maintenance", ahead of "runs": kombu takes the queues in turn, so neither waits behind a backlog.
     quiet: no gossip, mingle or heartbeat between workers, for short-lived local workers.
     """
     import sys
@@ -29,7 +31,7 @@ def worker_command(
     command = [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "--loglevel", loglevel]
     command += ["--concurrency", str(concurrency), "--pool", "prefork"]
     if "runs" in queues:  # runs sent again after their process died go ahead of the backlog
-        queues = ("resume", *queues)
+        queues = tuple(dict.fromkeys(("resume", "maintenance", *queues)))
     command += ["--queues", ",".join(settings.CONDUCTOR_QUEUE_PREFIX + q for q in queues)]
     if hostname:
         command += ["--hostname", hostname]

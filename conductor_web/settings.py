@@ -192,12 +192,27 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUN_TIME_LIMIT_S * 2}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# How long a worker waits for the result of a pool process that died before it calls the process
+# lost (Celery's default is 10 s). Its run is then sent to the `resume` queue at once.
+CELERY_WORKER_LOST_WAIT = env_float("CONDUCTOR_WORKER_LOST_WAIT_S", 2.0, minimum=0.1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_TIME_LIMIT = RUN_TIME_LIMIT_S
 CELERY_TASK_SOFT_TIME_LIMIT = RUN_TIME_LIMIT_S - 5
 CONDUCTOR_QUEUE_PREFIX = env_str("CONDUCTOR_QUEUE_PREFIX", "")
 CELERY_TASK_DEFAULT_QUEUE = CONDUCTOR_QUEUE_PREFIX + "runs"
-CELERY_TASK_ROUTES = {"training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"}}
+# Housekeeping (the resume sweep, checkpoints, retention) has a queue of its own that every worker
+# consumes before its work, so that it never waits behind a backlog of runs.
+CELERY_TASK_ROUTES = {
+    **{
+        name: {"queue": CONDUCTOR_QUEUE_PREFIX + "maintenance"}
+        for name in (
+            "routing.tasks.requeue_stalled_runs",
+            "audit.tasks.checkpoint_create",
+            "audit.tasks.retention_purge",
+        )
+    },
+    "training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"},
+}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
@@ -225,7 +240,7 @@ CONDUCTOR_RETRY_BACKOFF_S = env_float("CONDUCTOR_RETRY_BACKOFF_S", 1.0, minimum=
 CONDUCTOR_RETRY_BACKOFF_MAX_S = env_float("CONDUCTOR_RETRY_BACKOFF_MAX_S", 30.0, minimum=0.0)
 CONDUCTOR_RETRY_AFTER_MAX_S = env_float("CONDUCTOR_RETRY_AFTER_MAX_S", 60.0, minimum=0.0)
 # How often a process executing a run proves it is alive (the run lock's connection, the heartbeat).
-CONDUCTOR_HEARTBEAT_S = env_float("CONDUCTOR_HEARTBEAT_S", 5.0, minimum=0.1)
+CONDUCTOR_HEARTBEAT_S = env_float("CONDUCTOR_HEARTBEAT_S", 2.0, minimum=0.1)
 # A call lost in flight (its process was killed) is paid for but unrecorded: its cost is estimated
 # from the prompt and at most this many output tokens when the call set no max_tokens.
 CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS = env_int("CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS", 1024, minimum=1)

@@ -251,6 +251,7 @@ def _claim(run_id: int) -> Run | None:
             log.warning("run %s does not exist; dropping its message", run_id)
             return None
         if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            log.info("run %s has already ended; dropping its message", run_id)
             return None
         resumed = run.deliveries > 0
         now = timezone.now()

@@ -1,12 +1,16 @@
 """Celery tasks: thin, they take ids and call the engine or a service.
 
 Delivery: a run's message is sent once (Run.enqueued_at records it) and sent again only when no
-process can be executing the run and no message is on its way:
-- a `running` run whose lock nobody holds: its process died (a killed child, a whole worker host).
-  It is sent at once to the `resume` queue, which every runs worker also consumes, so it does not
-  wait behind the backlog;
+process can be executing the run and no message is on its way. Every message sent again goes to the
+`resume` queue, which runs workers consume before `runs`, so it takes the next free slot instead of
+waiting behind the backlog:
+- its pool process died (killed, out of memory): the worker that ran it sends it again as soon as it
+  calls the process lost (CELERY_WORKER_LOST_WAIT), and acknowledges the original;
+- the database failed under it: the task retries itself with backoff;
+- the whole worker died (a host, a container): nobody is left to send it, so the sweep does, once the
+  run's heartbeat is older than a surviving worker would have needed to send it itself;
 - a `queued` run whose message never reached the broker (an outage at submission), or whose message
-  is older than the broker's visibility timeout (lost).
+  is older than the broker's visibility timeout (lost): the sweep sends it to `runs`.
 A run merely waiting in a long queue is never sent twice. A duplicate delivery is harmless anyway:
 the run lock and the claim epoch make it a no-op.
 """
@@ -17,7 +21,7 @@ import logging
 import random
 from datetime import datetime, timedelta
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, connections
 from django.db.models import F, Q
@@ -37,8 +41,24 @@ def resume_queue() -> str:
     return settings.CONDUCTOR_QUEUE_PREFIX + "resume"
 
 
+class RunTask(Task):
+    """A run's task: whatever Celery sends again (a retry, a pool process lost) goes to `resume`."""
+
+    def signature_from_request(self, request=None, args=None, kwargs=None, queue=None, **options):
+        return super().signature_from_request(request, args, kwargs, queue=queue or resume_queue(), **options)
+
+
 @shared_task(
-    bind=True, name="routing.tasks.run_workflow", acks_late=True, reject_on_worker_lost=True, max_retries=None
+    bind=True,
+    base=RunTask,
+    name="routing.tasks.run_workflow",
+    acks_late=True,
+    # A lost pool process: Celery sends the message again (to `resume`, at once) and acknowledges the
+    # original; rejecting it instead would put it back at the end of the backlog.
+    retry_on_worker_lost=True,
+    default_retry_delay=0,
+    reject_on_worker_lost=True,  # only if that send fails
+    max_retries=None,
 )
 def run_workflow(self, run_id: int) -> None:
     try:
@@ -69,6 +89,12 @@ def run_send(run_id: int, *, previous: datetime | None, queue: str | None = None
     return True
 
 
+def orphan_grace() -> timedelta:
+    """How long an unlocked running run is left to its own worker, which sends it again itself when
+    only the pool process died: a heartbeat interval, the worker's lost wait and a second."""
+    return timedelta(seconds=settings.CONDUCTOR_HEARTBEAT_S + settings.CELERY_WORKER_LOST_WAIT + 1)
+
+
 def runs_locked() -> set[int]:
     """The runs whose lock some process holds, in one query."""
     with connection.cursor() as cursor:
@@ -85,7 +111,8 @@ def requeue_stalled_runs() -> list[int]:
     now = timezone.now()
     never_sent = now - timedelta(seconds=settings.CONDUCTOR_SEND_GRACE_S)
     lost_message = now - timedelta(seconds=settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"])
-    orphans = Run.objects.filter(status=RunStatus.RUNNING).filter(
+    orphans = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=now - orphan_grace())
+    orphans = orphans.filter(
         # Not yet sent since its last claim (the claim moves heartbeat_at past enqueued_at), or the
         # message sent is older than the broker keeps an unacknowledged one.
         Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=F("heartbeat_at")) | Q(enqueued_at__lt=lost_message)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -99,9 +101,27 @@ def clear_queues() -> None:
 
     with app.connection_for_write() as conn:
         prefix = settings.CONDUCTOR_QUEUE_PREFIX
-        for queue in (app.conf.task_default_queue, prefix + "training", prefix + "resume"):
+        for queue in (
+            app.conf.task_default_queue,
+            prefix + "training",
+            prefix + "resume",
+            prefix + "maintenance",
+        ):
             with contextlib.suppress(Exception):  # the queue may not exist yet
                 conn.default_channel.queue_purge(queue)
+
+
+def queued_run_ids(client, queue: str | None = None) -> list[int]:
+    """The run ids of the run_workflow messages waiting in a broker queue (kombu's Redis list)."""
+    from django.conf import settings
+
+    run_ids = []
+    for raw in client.lrange(queue or settings.CELERY_TASK_DEFAULT_QUEUE, 0, -1):
+        message = json.loads(raw)
+        assert message["headers"]["task"] == "routing.tasks.run_workflow"
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        run_ids.append(args[0])
+    return sorted(run_ids)
 
 
 class WorkerProcess:

@@ -4,8 +4,6 @@ will reach it, never while it waits in the queue."""
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -17,8 +15,8 @@ from django.utils import timezone
 from routing.engine import run_lock
 from routing.models import Run, RunStatus, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
-from routing.tasks import requeue_stalled_runs, resume_queue, run_send
-from tests.conftest import clear_queues
+from routing.tasks import orphan_grace, requeue_stalled_runs, resume_queue, run_send
+from tests.conftest import clear_queues, queued_run_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,17 +28,6 @@ def broker() -> Iterator[redis.Redis]:
     yield client
     clear_queues()
     client.close()
-
-
-def queued_run_ids(client: redis.Redis, queue: str | None = None) -> list[int]:
-    """The run ids of the run_workflow messages waiting in a broker queue (kombu's Redis list)."""
-    run_ids = []
-    for raw in client.lrange(queue or settings.CELERY_TASK_DEFAULT_QUEUE, 0, -1):
-        message = json.loads(raw)
-        assert message["headers"]["task"] == "routing.tasks.run_workflow"
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        run_ids.append(args[0])
-    return sorted(run_ids)
 
 
 def resumed(client: redis.Redis) -> list[int]:
@@ -77,9 +64,16 @@ def make_run(
 
 
 def test_a_running_run_whose_process_died_is_sent_once_to_the_resume_queue(broker):
+    grace = orphan_grace().total_seconds()
     # Its worker claimed it (heartbeat after the message was sent), then died: nobody holds its lock.
-    run = make_run(broker, status=RunStatus.RUNNING, heartbeat_age_s=2, sent_age_s=60)
+    # Within the grace it is left to its own worker, which sends it again itself if only its pool
+    # process died.
+    run = make_run(broker, status=RunStatus.RUNNING, heartbeat_age_s=grace - 1, sent_age_s=60)
+    assert requeue_stalled_runs() == []
+    assert resumed(broker) == []
 
+    # Past the grace the whole worker is taken for dead: the sweep sends it.
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=grace + 1))
     assert requeue_stalled_runs() == [run.pk]
     assert resumed(broker) == [run.pk] and queued_run_ids(broker) == []
     # The message waits in the queue: the next sweeps send nothing more.
@@ -90,10 +84,26 @@ def test_a_running_run_whose_process_died_is_sent_once_to_the_resume_queue(broke
     # Claimed again, and its process died again: sent again, once.
     now = timezone.now()
     Run.objects.filter(pk=run.pk).update(
-        enqueued_at=now - timedelta(seconds=10), heartbeat_at=now - timedelta(seconds=5)
+        enqueued_at=now - timedelta(seconds=grace + 10), heartbeat_at=now - timedelta(seconds=grace + 1)
     )
     assert requeue_stalled_runs() == [run.pk]
     assert requeue_stalled_runs() == []
+
+
+def test_housekeeping_has_a_queue_of_its_own_that_runs_workers_take_first():
+    from conductor_web.celery import app, worker_command
+
+    prefix = settings.CONDUCTOR_QUEUE_PREFIX
+    for name in (
+        "routing.tasks.requeue_stalled_runs",
+        "audit.tasks.checkpoint_create",
+        "audit.tasks.retention_purge",
+    ):
+        assert app.amqp.router.route({}, name)["queue"].name == prefix + "maintenance", name
+    assert app.amqp.router.route({}, "routing.tasks.run_workflow")["queue"].name == prefix + "runs"
+    command = worker_command(concurrency=1)
+    queues = command[command.index("--queues") + 1].split(",")
+    assert queues == [prefix + "resume", prefix + "maintenance", prefix + "runs"]
 
 
 def test_a_running_run_whose_lock_is_held_is_left_alone(broker):

@@ -106,7 +106,10 @@ class Command(BaseCommand):
         services = {
             "worker": worker_command(concurrency=o["concurrency"]),
             # Training jobs get a process of their own, so that runs never wait behind one.
-            "training-worker": worker_command(concurrency=1, queues=("training",), hostname="training@%h"),
+            # It takes housekeeping too (the resume sweep, checkpoints), which thus never waits for a run.
+            "training-worker": worker_command(
+                concurrency=1, queues=("maintenance", "training"), hostname="training@%h"
+            ),
             "beat": [
                 sys.executable,
                 "-m",
