@@ -152,11 +152,12 @@ def _signed(
 
 
 def checkpoint_files(directory: Path, *, key: Ed25519PublicKey) -> Iterator[SignedCheckpoint | str]:
-    """Every checkpoint file under a folder, in number order; a file that cannot be read yields a
-    sentence saying why instead."""
-    read: list[SignedCheckpoint] = []
-    problems: list[str] = []
-    for path in sorted(directory.rglob("checkpoint-*.json")) if directory.is_dir() else []:
+    """Every checkpoint file under a folder, read one at a time in number order (the zero-padded file
+    names sort so); a file that cannot be read yields a sentence saying why instead."""
+    paths = (
+        sorted(directory.rglob("checkpoint-*.json"), key=lambda p: (p.name, p)) if directory.is_dir() else []
+    )
+    for path in paths:
         source = str(path.relative_to(directory))
         try:
             document = json.loads(path.read_text())
@@ -164,11 +165,9 @@ def checkpoint_files(directory: Path, *, key: Ed25519PublicKey) -> Iterator[Sign
             if not isinstance(body, dict) or not isinstance(signature, str):
                 raise TypeError("body or signature of the wrong type")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"checkpoint file {source} cannot be read: {exc}")
+            yield f"checkpoint file {source} cannot be read: {exc}"
             continue
-        read.append(_signed(body, signature, key=key, source=source, row_id=document.get("id")))
-    yield from problems
-    yield from sorted(read, key=lambda c: (c.number or 0, c.source))
+        yield _signed(body, signature, key=key, source=source, row_id=document.get("id"))
 
 
 def checkpoint_row(checkpoint: Checkpoint, *, key: Ed25519PublicKey) -> SignedCheckpoint:
