@@ -202,9 +202,11 @@ events each, hashed as the app hashes them, a signed checkpoint every {args.per_
 | the same with its rows compared with its events (a real run; what a dossier shows) | {result["one_real_run_with_rows_ms_p50"]} ms | {result["one_real_run_with_rows_ms_p95"]} ms |
 
 Full verification (every chain, every checkpoint file, every run's rows): {result["full_verify_s"]} s,
-{result["full_verify_events_per_s"]} events/s, peak Python memory {result["full_verify_peak_python_mb"]} MB
-(it holds the seal, last head and highest signed seq of each chain, about
-{round(peak_mb * 1e6 / max(report.chains, 1))} bytes per chain, and one batch of events, never all of them).""",
+{result["full_verify_events_per_s"]} events/s, peak Python memory {result["full_verify_peak_python_mb"]} MB.
+It holds one chain's walk and one batch of events, seals or signed heads at a time: what must be
+compared across chains (seals with the ends of their chains, signed heads with seals, purges with the
+global chain) goes to temporary tables that PostgreSQL compares, so its memory does not grow with
+the number of events, chains or checkpoints (PostgreSQL's own work memory and temporary files do).""",
         )
 
 

@@ -230,7 +230,6 @@ def main() -> None:
         "CONDUCTOR_RETRY_BACKOFF_S": "0.2",
         "CONDUCTOR_RETRY_BACKOFF_MAX_S": "1",
         "CONDUCTOR_PROVIDER_MAX_ATTEMPTS": "6",
-        "CONDUCTOR_HEARTBEAT_S": "1",
         "PYTHONUNBUFFERED": "1",
     }
     cluster = Cluster(var_dir, env)
@@ -337,7 +336,8 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
         + Step.objects.filter(run__in=terminal, status__in=[StepStatus.RUNNING]).count()
     )
     latencies = []
-    for at, in_flight, _kind in kills:
+    by_kind: dict[str, list[float]] = {"child": [], "worker": []}
+    for at, in_flight, kind in kills:
         when = datetime.fromtimestamp(at, UTC)
         for run_id in in_flight:
             run = Run.objects.get(pk=run_id)
@@ -350,6 +350,7 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
             )
             if event is not None:
                 latencies.append((event.occurred_at - when).total_seconds())
+                by_kind[kind].append(latencies[-1])
     report = verify()
     latencies.sort()
     # Deliveries that found their run held by another process or already ended: messages sent twice.
@@ -372,6 +373,12 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
         "resume_latency_s_p50": round(statistics.median(latencies), 2) if latencies else None,
         "resume_latency_s_p95": round(latencies[int(0.95 * (len(latencies) - 1))], 2) if latencies else None,
         "resumes_measured": len(latencies),
+        **{
+            f"resume_latency_s_after_a_{kind}_kill_p50_max": (
+                f"{statistics.median(values):.2f} / {max(values):.2f} (n={len(values)})" if values else None
+            )
+            for kind, values in by_kind.items()
+        },
         "deliveries_that_found_the_run_taken_or_ended": idle_deliveries,
         "audit_intact": report.intact,
         "audit_first_problem": None if report.intact else report.summary(),
@@ -396,14 +403,22 @@ def _write(args, f: dict[str, Any]) -> None:
 
 Command: `python -m bench.chaos --runs {args.runs} --child-kills {args.child_kills} --worker-kills {args.worker_kills} --redis-restarts {args.redis_restarts} --postgres-restarts {args.postgres_restarts} --write`
 on {f["machine"]}: a private embedded PostgreSQL and Redis, two `celery worker` processes
-(concurrency 2) and `celery beat`, a loopback provider with {int(args.fault_rate * 100)}% faults (429,
+(concurrency 2, run slots 4), a housekeeping worker (`maintenance` queue, as the demo runs one) and
+`celery beat`, default delivery settings, a loopback provider with {int(args.fault_rate * 100)}% faults (429,
 500, malformed 200) and 0.3-1.2 s answers, three-step plans. An action every {args.every:g} s, in a shuffled order.
 "Paid calls repeated" counts the provider's billable answers beyond one per succeeded attempt and one
 per call lost in flight; resume latency runs from a kill to the run's `run.resumed` event.
 
 | figure | value |
 |---|---|
-{rows}""",
+{rows}
+
+Where resume time goes. After a pool process is killed, its worker waits
+`CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue, which
+takes the next free run slot ahead of the backlog. After a whole worker is killed nobody is left to
+send it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sends it once
+its heartbeat is older than `CONDUCTOR_HEARTBEAT_S + CONDUCTOR_WORKER_LOST_WAIT_S + 1` s (5 s), and it
+too waits for a free slot, which is why those resumes are the slower ones.""",
     )
 
 

@@ -9,6 +9,11 @@ waiting behind the backlog:
 - the database failed under it: the task retries itself with backoff;
 - the whole worker died (a host, a container): nobody is left to send it, so the sweep does, once the
   run's heartbeat is older than a surviving worker would have needed to send it itself;
+- a run whose message a worker took and died with, before it claimed the run (a retry waiting for its
+  countdown, a message just taken): the Redis transport keeps such a message unacknowledged until the
+  visibility timeout (hours). The sweep reads kombu's index of unacknowledged messages and sends
+  again a run of one taken longer ago than a live worker would need to claim it, unless the run is
+  locked, ended, or was sent since;
 - a `queued` run whose message never reached the broker (an outage at submission), or whose message
   is older than the broker's visibility timeout (lost): the sweep sends it to `runs`.
 A run merely waiting in a long queue is never sent twice. A duplicate delivery is harmless anyway:
@@ -17,9 +22,11 @@ the run lock and the claim epoch make it a no-op.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -95,6 +102,49 @@ def orphan_grace() -> timedelta:
     return timedelta(seconds=settings.CONDUCTOR_HEARTBEAT_S + settings.CELERY_WORKER_LOST_WAIT + 1)
 
 
+def held_grace() -> timedelta:
+    """How long a live worker may hold a run's message before it claims the run: the longest retry
+    countdown, plus the orphan grace."""
+    return timedelta(seconds=settings.CONDUCTOR_RETRY_BACKOFF_MAX_S) + orphan_grace()
+
+
+def runs_held(older_than: timedelta) -> dict[int, datetime]:
+    """Runs whose message a worker took from the broker longer ago than `older_than` and has not
+    acknowledged: {run id: when it was taken}. Read from the Redis transport's index of unacknowledged
+    messages; other brokers (RabbitMQ) deliver a dead consumer's messages again themselves."""
+    held: dict[int, datetime] = {}
+    with run_workflow.app.connection_for_read() as conn:
+        channel = conn.default_channel
+        index_key = getattr(channel, "unacked_index_key", None)
+        if index_key is None:
+            return held
+        client = channel.client
+        before = timezone.now() - older_than
+        tags = client.zrangebyscore(index_key, "-inf", before.timestamp(), withscores=True)
+        if not tags:
+            return held
+        for (_tag, taken), raw in zip(
+            tags, client.hmget(channel.unacked_key, [t for t, _ in tags]), strict=True
+        ):
+            run_id = _run_of(raw)
+            if run_id is not None:
+                when = datetime.fromtimestamp(taken, tz=UTC)
+                held[run_id] = max(when, held.get(run_id, when))
+    return held
+
+
+def _run_of(raw: bytes | None) -> int | None:
+    """The run id of a run_workflow message as the Redis transport stores it, or None."""
+    try:
+        message = json.loads(raw)[0]
+        if message["headers"]["task"] != run_workflow.name:
+            return None
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return int(args[0])
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None
+
+
 def runs_locked() -> set[int]:
     """The runs whose lock some process holds, in one query."""
     with connection.cursor() as cursor:
@@ -130,6 +180,19 @@ def requeue_stalled_runs() -> list[int]:
             continue
         queue = resume_queue() if status == RunStatus.RUNNING else None
         if run_send(run_id, previous=previous, queue=queue):
+            sent.append(run_id)
+    # Messages a dead worker took before it claimed their run (see the module).
+    held = runs_held(held_grace())
+    for run_id, previous, taken in Run.objects.filter(
+        pk__in=list(held), status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
+    ).values_list("pk", "enqueued_at", "heartbeat_at"):
+        if run_id in locked or run_id in sent:
+            continue
+        if previous is not None and previous >= held[run_id]:
+            continue  # sent again since that message was taken
+        if taken is not None and taken > held[run_id]:
+            continue  # claimed after the message was taken: the orphan rule above owns it
+        if run_send(run_id, previous=previous, queue=resume_queue()):
             sent.append(run_id)
     if sent:
         log.warning("sent stalled runs again %s", sent)

@@ -109,6 +109,9 @@ def clear_queues() -> None:
         ):
             with contextlib.suppress(Exception):  # the queue may not exist yet
                 conn.default_channel.queue_purge(queue)
+        # Messages taken by workers and never acknowledged (a worker killed by a test).
+        channel = conn.default_channel
+        channel.client.delete(channel.unacked_key, channel.unacked_index_key)
 
 
 def queued_run_ids(client, queue: str | None = None) -> list[int]:

@@ -29,7 +29,7 @@ from conductor_web import embedded
 from routing import engine
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
-from routing.tasks import requeue_stalled_runs, resume_queue
+from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held
 from tests.conftest import clear_queues, queued_run_ids, wait_for
 from tests.openai_server import Reply, plan_json
 
@@ -278,6 +278,37 @@ def test_a_submission_while_the_broker_is_down_answers_with_its_task_and_the_swe
     assert requeue_stalled_runs() == [run.pk]
     assert queue_length(settings.CELERY_TASK_DEFAULT_QUEUE) == 1
     clear_queues()
+
+
+def test_a_run_whose_message_died_with_its_worker_before_the_claim_is_sent_again(
+    live_pool, celery_workers, settings
+):
+    # A retry waiting for its countdown (as after a database failure) is held by the worker that took
+    # it, unacknowledged: killed with that worker, the Redis transport would keep it for hours.
+    settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0
+    settings.CONDUCTOR_HEARTBEAT_S = 0.5
+    settings.CELERY_WORKER_LOST_WAIT = 0.5
+    three_steps(live_pool["server"], delay_s=0.1)
+    run = submit()
+    clear_queues()
+    run_workflow.apply_async((run.pk,), countdown=600, queue=resume_queue())
+    worker = celery_workers("w1")
+    wait_for(lambda: run.pk in runs_held(timedelta(0)), timeout=30, what="the worker to take the message")
+    for pid in [*pool_children(worker.proc.pid), worker.proc.pid]:
+        os.kill(pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+
+    assert requeue_stalled_runs() == []  # taken too recently: a live worker could still claim it
+    time.sleep(held_grace().total_seconds() + 0.5)
+    assert requeue_stalled_runs() == [run.pk]
+    assert requeue_stalled_runs() == []  # sent since the message was taken: once
+    celery_workers("w2")
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status=RunStatus.SUCCEEDED).first(), timeout=60, what="the run"
+    )
+    assert run.deliveries == 1
+    assert_paid_once_and_totals_add_up(run)
 
 
 # --- 10. a killed worker process: its run resumes ahead of the backlog ------------------------------
