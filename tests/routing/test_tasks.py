@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from django.conf import settings
 from django.utils import timezone
 
@@ -104,6 +106,14 @@ def test_housekeeping_has_a_queue_of_its_own_that_runs_workers_take_first():
     command = worker_command(concurrency=1)
     queues = command[command.index("--queues") + 1].split(",")
     assert queues == [prefix + "resume", prefix + "maintenance", prefix + "runs"]
+    # The compose file's workers consume the same queues (no prefix there).
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())
+    consumed = {
+        name: service["command"][service["command"].index("--queues") + 1]
+        for name, service in compose["services"].items()
+        if "worker" in service.get("command", []) and "--queues" in service["command"]
+    }
+    assert sorted(consumed.values()) == ["maintenance,training", "resume,maintenance,runs"], consumed
 
 
 def test_a_running_run_whose_lock_is_held_is_left_alone(broker):
