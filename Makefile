@@ -31,6 +31,7 @@ demo: install-demo
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 test: install-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)

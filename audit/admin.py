@@ -182,7 +182,7 @@ class PolicyRuleAdmin(AuditedAdmin):
 @admin.register(LegalHold, site=site)
 class LegalHoldAdmin(RoleModelAdmin):
     roles = {"view": (AUDITOR,)}
-    list_display = ["task", "reason", "placed_by", "placed_at", "released_at"]
+    list_display = ["task_id", "reason", "placed_by", "placed_at", "released_at"]
 
     def has_add_permission(self, request):
         return False  # placed and released from the task's dossier, where it is audited

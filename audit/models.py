@@ -225,7 +225,9 @@ class ApiToken(models.Model):
 class LegalHold(models.Model):
     """Stops retention from deleting a task's data and record until released."""
 
-    task = models.ForeignKey("routing.Task", related_name="legal_holds", on_delete=models.PROTECT)
+    # The task's id, not a foreign key: audit knows nothing of routing. Deleting a held task is refused
+    # by routing (routing.compliance).
+    task_id = models.UUIDField(db_index=True)
     reason = models.TextField()
     placed_by = models.CharField(max_length=150)
     placed_at = models.DateTimeField(auto_now_add=True)

@@ -21,6 +21,7 @@ from rest_framework.permissions import BasePermission
 from .models import ApiToken, Role
 
 EVERYONE = (Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN)
+AUDIT_ROLES = (Role.AUDITOR,)  # the auditors' pages (admin passes every role check)
 
 
 def user_roles(user: Any) -> set[str]:

@@ -112,7 +112,7 @@ def legal_hold_place(*, task: Any, actor: Actor, reason: str) -> Any:
     from .models import LegalHold
 
     with transaction.atomic():
-        hold = LegalHold.objects.create(task=task, reason=reason, placed_by=actor.name)
+        hold = LegalHold.objects.create(task_id=task.pk, reason=reason, placed_by=actor.name)
         event_record(
             actor=actor, action="legalhold.placed", obj=hold, task_id=task.pk, payload={"reason": reason}
         )
@@ -125,7 +125,7 @@ def legal_hold_release(*, task: Any, actor: Actor) -> int:
     from .models import LegalHold
 
     with transaction.atomic():
-        holds = list(LegalHold.objects.select_for_update().filter(task=task, released_at__isnull=True))
+        holds = list(LegalHold.objects.select_for_update().filter(task_id=task.pk, released_at__isnull=True))
         for hold in holds:
             hold.released_at = timezone.now()
             hold.released_by = actor.name

@@ -1,4 +1,4 @@
-"""Periodic audit work (beat): signed checkpoints and the retention purge. Thin: they call services."""
+"""Periodic audit work (beat): signed checkpoints. Thin: it calls the service."""
 
 from celery import shared_task
 
@@ -10,10 +10,3 @@ def checkpoint_create() -> int | None:
 
     checkpoint = create(only_if_moved=True)
     return checkpoint.pk if checkpoint else None
-
-
-@shared_task(name="audit.tasks.retention_purge")
-def retention_purge() -> int:
-    from .retention import retention_purge as purge
-
-    return len(purge())

@@ -1,4 +1,5 @@
-"""Pages for auditors: event log, task dossier, vendor exposure, policy report, verification, exports."""
+"""Pages for auditors: event log, policy report, verification, exports, API tokens. The pages about
+tasks (dossier, vendor exposure, legal holds) live with the tasks, in routing.compliance_views."""
 
 from __future__ import annotations
 
@@ -10,30 +11,23 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.validators import MaxValueValidator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
-from django.template.loader import render_to_string
+from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
-from routing import selectors as routing_selectors
-from routing.models import Task
-
-from . import params, policies, selectors
+from . import params, selectors
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
 from .models import Role
 from .roles import (
+    AUDIT_ROLES,
     EVERYONE,
-    request_roles,
     role_required,
     token_create,
     token_revoke,
     tokens_visible,
     user_roles,
 )
-from .services import Actor, event_record, legal_hold_place, legal_hold_release, record_viewed
+from .services import Actor, event_record
 from .verify import verify
-
-AUDIT_ROLES = (Role.AUDITOR,)
 
 
 def _filter(request: HttpRequest) -> selectors.EventFilter:
@@ -97,111 +91,6 @@ def with_transaction_event(
         event_record(
             actor=Actor.for_user(request.user), action=action, obj=obj or request.user, payload=payload
         )
-
-
-def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
-    """What the conductor weighed for step `index`, as (label, p) whatever the backend's shape:
-    an LLM's candidate tokens (with the workers they begin), or the learned policy's workflows."""
-    entry = next((a for a in alternatives if a.get("step") == index), None)
-    weighed = []
-    for c in (entry or {}).get("candidates") or []:
-        label = c.get("workflow") or "/".join(c.get("workers") or []) or c.get("token") or "?"
-        weighed.append({"label": label, "p": c.get("p") or 0})
-    return weighed
-
-
-def _dossier_context(task: Task) -> dict[str, Any]:
-    runs = list(task.runs.all())
-    for run in runs:
-        decisions = list(run.decisions.all())
-        by_decision = {d.pk: d for d in decisions}
-        steps = list(run.steps.all())
-        for step in steps:
-            decision = by_decision.get(step.decision_id)
-            step.why_thought = decision.plan.get("thought", "") if decision and decision.plan else ""
-            alternatives = decision.alternatives if decision else []
-            step.why_alternatives = _weighed(alternatives, step.index)
-            verdicts = (decision.policy_checks or {}).get("steps", []) if decision else []
-            step.policy = next((v for v in verdicts if v.get("index") == step.index), None)
-            indices = list(range(step.index)) if step.access == "all" else list(step.access or [])
-            step.saw = [s for s in steps if s.decision_id == step.decision_id and s.index in indices]
-        run.dossier_steps = steps
-        run.dossier_decisions = decisions
-    chains = selectors.task_chains(task)
-    report = verify(chains=chains) if chains else None
-    return {
-        "task": task,
-        "runs": runs,
-        "events": list(selectors.task_events(task)),
-        "proof": report,
-        "checkpoint": checkpoint_reference(),
-        "holds": list(task.legal_holds.order_by("-placed_at")),
-        "retention_days": settings.RETENTION_DAYS.get(task.classification),
-    }
-
-
-@role_required(*AUDIT_ROLES)
-def dossier(request: HttpRequest, task_id) -> HttpResponse:
-    try:
-        task = routing_selectors.task_detail(task_id=task_id)
-    except Task.DoesNotExist as exc:
-        raise Http404("No such task") from exc
-    context = _dossier_context(task)
-    if request.GET.get("download"):
-        record_viewed(request=request, task=task, view="dossier export")
-        css = (settings.BASE_DIR / "static" / "css" / "app.css").read_text()
-        html = render_to_string(
-            "audit/dossier_file.html",
-            {
-                **context,
-                "css": css,
-                "exported_at": timezone.now(),
-                "exported_by": request.user.get_username(),
-            },
-        )
-        response = HttpResponse(html, content_type="text/html; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="dossier-{task.pk}.html"'
-        return response
-    record_viewed(request=request, task=task, view="dossier")
-    return render(
-        request, "audit/dossier.html", {**context, "can_hold": Role.ADMIN in request_roles(request)}
-    )
-
-
-@require_POST
-@role_required(Role.ADMIN)
-def hold(request: HttpRequest, task_id) -> HttpResponse:
-    task = get_object_or_404(Task, pk=task_id)
-    actor = Actor.for_user(request.user)
-    if request.POST.get("action") == "release":
-        legal_hold_release(task=task, actor=actor)
-    else:
-        legal_hold_place(task=task, actor=actor, reason=request.POST.get("reason", "").strip() or "not given")
-    return redirect("audit:dossier", task_id=task.pk)
-
-
-@role_required(*AUDIT_ROLES)
-def vendor_report(request: HttpRequest) -> HttpResponse:
-    since, until = params.period(request.GET)
-    rows = selectors.vendor_exposure(since=since, until=until)
-    vendor = params.text(request.GET, "vendor")
-    classification = params.choice(request.GET, "classification", policies.data_classes())
-    tasks = (
-        selectors.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
-        if vendor and classification
-        else None
-    )
-    return render(
-        request,
-        "audit/vendor_report.html",
-        {
-            "rows": rows,
-            "tasks": tasks,
-            "vendor": vendor,
-            "classification": classification,
-            "filters": request.GET,
-        },
-    )
 
 
 @role_required(*AUDIT_ROLES)

@@ -129,20 +129,11 @@ class Cluster:
         )
 
     def start_beat(self) -> None:
+        from conductor_web.celery import beat_command
+
         log = open(self.var_dir / "beat.log", "w")  # noqa: SIM115
         self.beat = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "conductor_web",
-                "beat",
-                "--loglevel",
-                "WARNING",
-                "--schedule",
-                str(self.var_dir / "celerybeat-schedule"),
-            ],
+            beat_command(schedule=str(self.var_dir / "celerybeat-schedule"), loglevel="WARNING"),
             cwd=ROOT,
             env=self.env,
             stdout=log,

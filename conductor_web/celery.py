@@ -38,3 +38,21 @@ def worker_command(
     if quiet:
         command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     return command
+
+
+def beat_command(*, schedule: str, loglevel: str = "INFO") -> list[str]:
+    """The command line of `celery beat` for this app on this interpreter (demo, benchmarks)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "conductor_web",
+        "beat",
+        "--loglevel",
+        loglevel,
+        "--schedule",
+        schedule,
+    ]

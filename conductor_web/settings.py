@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "audit",
     "routing",
     "training",
+    "conductor_web",  # the project's own commands (demo, services)
 ]
 
 MIDDLEWARE = [
@@ -208,7 +209,7 @@ CELERY_TASK_ROUTES = {
         for name in (
             "routing.tasks.requeue_stalled_runs",
             "audit.tasks.checkpoint_create",
-            "audit.tasks.retention_purge",
+            "routing.tasks.retention_purge",
         )
     },
     "training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"},
@@ -224,7 +225,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "audit.tasks.checkpoint_create",
         "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
     },
-    "retention-purge": {"task": "audit.tasks.retention_purge", "schedule": 3600.0},
+    "retention-purge": {"task": "routing.tasks.retention_purge", "schedule": 3600.0},
     "training-settle": {"task": "training.tasks.settle", "schedule": 30.0},
 }
 CELERY_TASK_ALWAYS_EAGER = False

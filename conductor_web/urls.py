@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/training/", include("training.api_urls")),
     path("api/", include("routing.api_urls")),
     path("audit/", include("audit.urls")),
+    path("audit/", include("routing.compliance_urls")),
     path("training/", include("training.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("login/", auth_views.LoginView.as_view(), name="login"),

@@ -10,9 +10,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Protocol
 
 from .models import CONDUCTOR_SLUG, ConductorVersion, Worker
@@ -343,123 +343,32 @@ def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]
     return result
 
 
-class LearnedConductor:
-    """The GRPO-trained policy (training.policy): picks a workflow in milliseconds on a CPU.
-
-    Greedy by default; when the request carries a temperature > 0 (a trainer's rollout), the workflow is
-    sampled from the policy at that temperature, seeded by the request, among the workflows that fit.
-
-    The conductor step of a cascade or a vote comes back here as an inner call and reads what to do from
-    its own instruction (training.policy.parse_instruction):
-    - cascade: pass the answer through when the two cheap answers agree, else ask the judge;
-    - vote: the same, but on disagreement plan [tie-breaker, conductor]; that inner conductor step (one
-      level deeper) passes the tie-breaker's answer through when it agrees with one of the two earlier
-      answers (they are written into its instruction), else asks the judge. Where the step or depth
-      budget leaves no room for that, the judge is asked at once.
-    """
-
-    def __init__(self, config: dict[str, Any]):
-        from training.policy import Policy
-
-        path = config.get("policy_path")
-        if not path:
-            raise ValueError("a learned conductor needs config['policy_path']")
-        self.policy = Policy.from_json(Path(path).read_text())
-
-    def propose(self, request: PlanRequest) -> Proposal:
-        started = time.monotonic()
-        if request.is_inner:
-            plan = _learned_inner_plan(request)
-            return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
-        allowed = {slug.lower(): slug for slug in request.allowed_slugs}
-        x = self.policy.featurize(request.task_text, request.domain)
-        p = self.policy.probabilities(x)
-        order = sorted(range(len(p)), key=lambda i: -p[i])
-        alternatives = [
-            {"workflow": self.policy.actions[i].name, "p": round(float(p[i]), 4)} for i in order[:5]
-        ]
-        fitting = [i for i in order if _fits(self.policy.actions[i], request, allowed)]
-        temperature = getattr(request, "temperature", None)
-        chosen = None
-        if fitting and temperature is not None and temperature > 0:
-            import numpy as np
-
-            q = self.policy.probabilities(x, temperature)[fitting]
-            rng = np.random.default_rng(getattr(request, "seed", None))
-            chosen = self.policy.actions[fitting[int(rng.choice(len(fitting), p=q / q.sum()))]]
-        elif fitting:
-            chosen = self.policy.actions[fitting[0]]
-        if chosen is None:
-            plan = {"thought": "no workflow of the policy fits the allowed workers", "steps": []}
-        else:
-            named = chosen.__class__(chosen.kind, tuple(allowed[w.lower()] for w in chosen.workers))
-            plan = named.plan(request.task_text)  # workers, judges included, as the pool names them
-            index = self.policy.actions.index(chosen)
-            sampled = " sampled" if temperature is not None and temperature > 0 else ""
-            plan["thought"] += f" (p={float(p[index]):.2f}{sampled})"
-        return Proposal(
-            raw_output=json.dumps(plan),
-            alternatives=[{"step": 0, "candidates": alternatives}],
-            latency_ms=int((time.monotonic() - started) * 1000),
-        )
+# Conductor backends by ConductorVersion.backend. Apps above routing add theirs (training registers the
+# learned policy in its AppConfig.ready), so routing never imports them.
+_BACKENDS: dict[str, Callable[[dict[str, Any]], Conductor]] = {
+    ConductorVersion.Backend.STATIC: StaticConductor,
+    ConductorVersion.Backend.LLM: LLMConductor,
+}
 
 
-def _fits(workflow, request: PlanRequest, allowed: dict[str, str]) -> bool:
-    return (
-        all(w.lower() in allowed for w in workflow.workers)
-        and len(workflow.plan("")["steps"]) <= request.max_steps
-        and (request.may_recurse or not workflow.needs_recursion)
-    )
-
-
-def _learned_inner_plan(request: PlanRequest) -> dict[str, Any]:
-    """The conductor step of a learned cascade or vote (see LearnedConductor)."""
-    from training.policy import agree, parse_instruction, tie_instruction
-    from training.scorers import extract_answer
-
-    instructions = [
-        st.get("instruction", "")
-        for st in (request.parent_plan or {}).get("steps", [])
-        if st.get("worker") == CONDUCTOR_SLUG
-    ]
-    asked = parse_instruction(instructions[0]) if instructions else {"kind": "unknown"}
-    answers = [extract_answer(r) for r in request.visible_responses]
-    allowed = {slug.lower(): slug for slug in request.allowed_slugs}
-    passed = {"thought": "the answers agree: pass through", "steps": []}
-    if asked["kind"] == "unknown":
-        return {"thought": "no instruction this conductor understands: pass through", "steps": []}
-    if asked["kind"] == "tie":
-        last = answers[-1] if answers else ""
-        if any(agree(last, earlier, request.domain) for earlier in asked["earlier"]):
-            return {"thought": "the tie-breaker sides with an earlier answer: pass it through", "steps": []}
-    elif answers and all(agree(answers[0], other, request.domain) for other in answers[1:] or answers):
-        return passed
-    judge = allowed.get(asked["judge"].lower())
-    tie = allowed.get(asked.get("tie_breaker", "").lower()) if asked["kind"] == "vote" else None
-    if tie and tie != CONDUCTOR_SLUG and request.may_recurse and request.max_steps >= 2 and judge:
-        return {
-            "thought": f"the answers disagree: {tie} breaks the tie",
-            "steps": [
-                {"worker": tie, "instruction": request.task_text, "access": []},
-                {"worker": CONDUCTOR_SLUG, "instruction": tie_instruction(judge, answers), "access": "all"},
-            ],
-        }
-    if judge is None or judge == CONDUCTOR_SLUG:
-        return {"thought": "the judge is not available: pass the last answer through", "steps": []}
-    return {
-        "thought": f"the answers disagree: ask {judge}",
-        "steps": [{"worker": judge, "instruction": request.task_text, "access": []}],
-    }
+def backend_register(backend: str, factory: Callable[[dict[str, Any]], Conductor]) -> None:
+    """Make `conductor_for` build versions of this backend with `factory(config)`."""
+    _BACKENDS[backend] = factory
 
 
 def conductor_for(version: ConductorVersion) -> Conductor:
-    if version.backend == ConductorVersion.Backend.STATIC:
-        return StaticConductor(version.config)
-    if version.backend == ConductorVersion.Backend.LLM:
-        return LLMConductor(version.config)
-    if version.backend == ConductorVersion.Backend.LEARNED:
-        return LearnedConductor(version.config)
-    raise ValueError(f"conductor backend {version.backend!r} is not available")
+    factory = _BACKENDS.get(version.backend)
+    if factory is None:
+        raise ValueError(f"conductor backend {version.backend!r} is not available")
+    return factory(version.config)
 
 
-__all__ = ["MAX_STEPS", "Conductor", "ConductorUnavailable", "PlanRequest", "Proposal", "conductor_for"]
+__all__ = [
+    "MAX_STEPS",
+    "Conductor",
+    "ConductorUnavailable",
+    "PlanRequest",
+    "Proposal",
+    "backend_register",
+    "conductor_for",
+]

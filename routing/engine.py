@@ -10,8 +10,6 @@ makes sure only one process executes a run at a time; the lock dies with the pro
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import random
@@ -34,10 +32,10 @@ from django.utils import timezone
 
 from audit import policies
 from audit.services import ENGINE, event_record, run_chain_seal
-from training import scorers
 
 from . import live
 from .conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
+from .hashing import content_hash
 from .models import (
     CONDUCTOR_SLUG,
     Attempt,
@@ -51,6 +49,8 @@ from .models import (
 )
 from .plans import MAX_STEPS, Plan, PlanError, parse_plan
 from .providers import ProviderCallError, complete, worker_api_key
+from .scoring import scorers
+from .scoring.judge import judge
 from .secrets import redact
 
 log = logging.getLogger(__name__)
@@ -683,10 +683,6 @@ def build_messages(step: Step, visible: list[Step]) -> list[dict[str, str]]:
     ]
 
 
-def content_hash(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
 def _start_step(run: Run, step_id: int) -> Step | None:
     with transaction.atomic():
         step = (
@@ -979,8 +975,6 @@ def _finish(run: Run, root: Decision) -> None:
     extracted = ""
     judged = None
     if task.reference is not None and task.reference != "" and task.scorer == scorers.JUDGE:
-        from training.judge import judge
-
         judged = judge(
             task_text=task.text, reference=task.reference, response=final, classification=task.classification
         )

@@ -1,7 +1,7 @@
 from django import forms
 from django.conf import settings
 
-from training.scorers import SCORER_CHOICES
+from routing.scoring.scorers import SCORER_CHOICES
 
 from . import limits
 from .models import DataClass

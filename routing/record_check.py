@@ -21,7 +21,7 @@ from audit.chain import run_chain
 from audit.models import GLOBAL_CHAIN, AuditEvent
 from audit.verify import Problem
 
-from .engine import content_hash
+from .hashing import content_hash
 from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, RunStatus, Step
 
 BATCH = 200  # runs per round trip in a full verification

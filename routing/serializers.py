@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from training.scorers import SCORER_CHOICES
+from routing.scoring.scorers import SCORER_CHOICES
 
 from . import limits
 from .models import Attempt, ConductorVersion, DataClass, Decision, Run, Step, Task, Worker

@@ -119,7 +119,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
             f"unknown classification {submission.classification!r}; one of {DataClass.values}"
         )
     if submission.scorer == "regex" and submission.reference is not None:
-        from training.scorers import check_pattern
+        from routing.scoring.scorers import check_pattern
 
         try:
             check_pattern(submission.reference)

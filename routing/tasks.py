@@ -197,3 +197,11 @@ def requeue_stalled_runs() -> list[int]:
     if sent:
         log.warning("sent stalled runs again %s", sent)
     return sent
+
+
+@shared_task(name="routing.tasks.retention_purge")
+def retention_purge() -> int:
+    """Hourly: the content of tasks past their data class's retention, and their run chains."""
+    from .retention import retention_purge as purge
+
+    return len(purge())

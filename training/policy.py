@@ -13,7 +13,7 @@ Small enough to train and run on a CPU in milliseconds. Actions are workflows in
 
 Answers "agree" when their domain's scorer says each matches the other (numbers compare as numbers,
 Python literals as values), so "18" and "$18.00" agree. simulate() and the live conductor step
-(routing.conductors.LearnedConductor) use the same test.
+(training.conductor.LearnedConductor) use the same test.
 
 Training follows GRPO without a KL term: for each item, sample a group of G workflows from the policy,
 score each (correct, minus a cost penalty), and push up the log-probability of each sample in
@@ -228,7 +228,7 @@ def answer_key(answer: str) -> str:
 def agree(a: str, b: str, domain: str = "") -> bool:
     """Do two extracted answers say the same thing? Keys match, or the domain's scorer accepts each
     as the other's reference (non-empty answers only)."""
-    from training.scorers import DOMAIN_SCORERS, SCORERS
+    from routing.scoring.scorers import DOMAIN_SCORERS, SCORERS
 
     key = answer_key(a)
     if not key:

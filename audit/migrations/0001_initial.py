@@ -11,7 +11,6 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('routing', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -115,7 +114,8 @@ class Migration(migrations.Migration):
                 ('placed_at', models.DateTimeField(auto_now_add=True)),
                 ('released_by', models.CharField(blank=True, max_length=150)),
                 ('released_at', models.DateTimeField(blank=True, null=True)),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='legal_holds', to='routing.task')),
+                # A task id, not a foreign key to routing (0006 drops the constraint of databases made before).
+                ('task_id', models.UUIDField(db_index=True)),
             ],
         ),
     ]

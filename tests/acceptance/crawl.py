@@ -17,7 +17,7 @@ ROLE_OF = {"auditor": "auditor", "operator": "operator", "ML staff": "ml_staff",
 
 @dataclass(frozen=True)
 class Route:
-    name: str  # namespaced route name, e.g. "audit:dossier"
+    name: str  # namespaced route name, e.g. "compliance:dossier"
     pattern: str  # the full pattern, as the resolver prints it
     params: tuple[str, ...]  # the parameters to fill, in order
     format_suffix: bool  # a DRF `.json` variant of another route

@@ -3,7 +3,7 @@
 `build_record` submits tasks with routing.services.task_submit and executes them with the engine
 in-process (as tests/routing/test_engine.py does), trains the learned conductor, samples rollouts,
 builds a dataset, evaluates a candidate, shadows it, runs and cancels training jobs, places a legal
-hold, purges a task through audit.retention, and writes policy rules: one task or object of every
+hold, purges a task through routing.retention, and writes policy rules: one task or object of every
 kind that a page of the app can show. Nothing a service makes is inserted by hand.
 
 Workers and conductors:
@@ -42,10 +42,10 @@ from django.utils import timezone
 
 from audit.models import PolicyRule
 from audit.policies import policy_rule_save
-from audit.retention import retention_purge
 from audit.services import Actor, event_record, legal_hold_place
 from routing import engine, replay
 from routing.models import Attempt, ConductorVersion, DataClass, Run, RunStatus, Task, Worker
+from routing.retention import retention_purge
 from routing.services import TaskSubmission, conductor_activate, task_submit, worker_register
 from tests.conftest import ROOT, clear_queues, database_url, wait_for
 from tests.openai_server import OpenAIServer, Reply, plan_json
@@ -670,7 +670,7 @@ def _llm_kinds(server: OpenAIServer, keep: Callable[[str, Run], Run]) -> None:
 
 def _retention_kinds(server: OpenAIServer, keep: Callable[[str, Run], Run]) -> None:
     """held and purged: both finished past their retention period; the legal hold keeps one of them,
-    audit.retention.retention_purge deletes the content and run chains of the other."""
+    routing.retention.retention_purge deletes the content and run chains of the other."""
     made: dict[str, Task] = {}
     for kind in ("held", "purged"):
         server.program(

@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 
 from audit.models import AuditEvent, ChainPurge, LegalHold, PolicyRule
-from audit.retention import PURGED
 from routing.models import Attempt, ConductorVersion, Decision, Run, RunStatus, Step, StepStatus, Task
+from routing.retention import PURGED
 from tests.acceptance.record import HOSTILE_TEXT, MARKUP, RLO, TASK_KINDS, Record
 from training.models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
 from training.policy import Policy
@@ -161,7 +161,7 @@ def test_shadow_held_purged_hostile_queued(record: Record):
     assert run_of(record, "shadowed").conductor_version_id == record.versions["learned"]
 
     held = Task.objects.get(pk=record.tasks["held"])
-    assert LegalHold.objects.filter(task=held, released_at__isnull=True).exists()
+    assert LegalHold.objects.filter(task_id=held.pk, released_at__isnull=True).exists()
     assert held.purged_at is None and held.text != PURGED  # past retention, kept by the hold
 
     purged = Task.objects.get(pk=record.tasks["purged"])

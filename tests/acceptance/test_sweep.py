@@ -75,9 +75,9 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "api-root": EVERYONE_API,
     "audit:event-log": AUDITORS,
     "audit:export": AUDITORS,
-    "audit:dossier": AUDITORS,
-    "audit:hold": POST_ONLY,
-    "audit:vendors": AUDITORS,
+    "compliance:dossier": AUDITORS,
+    "compliance:hold": POST_ONLY,
+    "compliance:vendors": AUDITORS,
     "audit:policies": AUDITORS,
     "audit:verify": AUDITORS,
     "audit:tokens": EVERYONE,
@@ -444,7 +444,7 @@ def test_hostile_form_bodies_never_fail_the_server(route, record, identities):
 MAY_POST: dict[str, tuple[str, ...]] = {
     "routing:task-submit": ("operator",),
     "task-list": ("operator",),
-    "audit:hold": (),
+    "compliance:hold": (),
     "audit:verify": ("auditor",),
     "audit:tokens": ("auditor", "operator", "ML staff"),  # each their own tokens
     "training:job-start": ("ML staff",),

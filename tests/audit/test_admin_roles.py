@@ -99,7 +99,7 @@ def objects(people) -> dict[str, object]:
         "audit.policyrule": PolicyRule.objects.create(
             name="no-acme", kind="vendor_blocked", vendors=["acme"]
         ),
-        "audit.legalhold": LegalHold.objects.create(task=task, reason="inquiry", placed_by="root"),
+        "audit.legalhold": LegalHold.objects.create(task_id=task.pk, reason="inquiry", placed_by="root"),
     }
 
 

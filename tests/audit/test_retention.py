@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from audit.checkpoints import checkpoint_create
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LegalHold
-from audit.retention import PURGED, retention_purge
 from audit.services import Actor, legal_hold_place, legal_hold_release
 from audit.verify import verify
 from routing.models import Attempt, Decision, Run, RunStatus, Step, Task, Worker
+from routing.retention import PURGED, retention_purge
 from tests.audit.support import audit_verify, run_now, submit
 from tests.openai_server import Reply, plan_json
 
@@ -131,7 +131,7 @@ def test_a_legal_hold_stops_the_purge_until_it_is_released(finished, make_user):
     assert_untouched(task)
 
     assert legal_hold_release(task=task, actor=counsel) == 1
-    assert LegalHold.objects.get(task=task).released_by == "carol"
+    assert LegalHold.objects.get(task_id=task.pk).released_by == "carol"
     assert [t.pk for t in retention_purge()] == [task.pk]
     assert_purged(task)
     actions = list(
@@ -146,8 +146,8 @@ def test_a_legal_hold_stops_the_purge_until_it_is_released(finished, make_user):
 def test_one_of_two_holds_released_still_holds(finished):
     task = finished(days_ago=800)
     legal_hold_place(task=task, actor=Actor.service("legal"), reason="first")
-    LegalHold.objects.create(task=task, reason="second", placed_by="legal")
-    LegalHold.objects.filter(task=task, reason="first").update(
+    LegalHold.objects.create(task_id=task.pk, reason="second", placed_by="legal")
+    LegalHold.objects.filter(task_id=task.pk, reason="first").update(
         released_at=timezone.now(), released_by="legal"
     )
 

@@ -27,12 +27,16 @@ AUDITORS = {"auditor", "admin"}
 SUBMITTERS = {"operator", "admin"}
 ADMINS = {"admin"}
 
-# Anything under /audit/ is for auditors unless listed here.
-AUDIT_EXCEPTIONS = {"audit:hold": ADMINS, "audit:tokens": EVERY_ROLE}  # tokens: each role, its own
+# Anything under /audit/ (namespaces audit and compliance) is for auditors unless listed here.
+AUDIT_EXCEPTIONS = {"compliance:hold": ADMINS, "audit:tokens": EVERY_ROLE}  # tokens: each role, its own
 # Task pages are for every role unless listed here.
 TASK_EXCEPTIONS = {"routing:task-submit": SUBMITTERS}
 # Methods to try per page (GET unless listed).
-METHODS = {"audit:hold": ["POST"], "audit:verify": ["GET", "POST"], "routing:task-submit": ["GET", "POST"]}
+METHODS = {
+    "compliance:hold": ["POST"],
+    "audit:verify": ["GET", "POST"],
+    "routing:task-submit": ["GET", "POST"],
+}
 # Values for the URL parameters; a new parameter name must be added here.
 SAMPLES = {"task_id": ["<task>"], "fmt": ["csv", "jsonl"]}
 
@@ -85,7 +89,12 @@ API = [
     Route("api", (), "GET", frozenset(EVERY_ROLE), api=True, path="/api/workers/"),
     Route("api", (), "GET", frozenset(EVERY_ROLE), api=True, path="/api/workers/alpha/"),
 ]
-ROUTES = [*_pages("audit", AUDITORS, AUDIT_EXCEPTIONS), *_pages("routing", EVERY_ROLE, TASK_EXCEPTIONS), *API]
+ROUTES = [
+    *_pages("audit", AUDITORS, AUDIT_EXCEPTIONS),
+    *_pages("compliance", AUDITORS, AUDIT_EXCEPTIONS),  # the auditors' pages about tasks, under /audit/
+    *_pages("routing", EVERY_ROLE, TASK_EXCEPTIONS),
+    *API,
+]
 
 
 def test_the_matrix_covers_every_audit_url_the_brief_names():
@@ -94,9 +103,9 @@ def test_the_matrix_covers_every_audit_url_the_brief_names():
         "GET audit:event-log",
         "GET audit:export[csv]",
         "GET audit:export[jsonl]",
-        "GET audit:dossier[<task>]",
-        "POST audit:hold[<task>]",
-        "GET audit:vendors",
+        "GET compliance:dossier[<task>]",
+        "POST compliance:hold[<task>]",
+        "GET compliance:vendors",
         "GET audit:policies",
         "GET audit:verify",
         "GET routing:task-list",
@@ -142,7 +151,7 @@ def call(client: Client, route: Route, task: Task):
         path = reverse(route.name, kwargs=kwargs)
     data = {}
     if route.method == "POST":
-        if route.name == "audit:hold":
+        if route.name == "compliance:hold":
             data = {"reason": "inquiry 7"}
         elif route.api or route.name == "routing:task-submit":
             data = {"text": "What is 2 + 2?", "classification": "internal"}
@@ -186,10 +195,10 @@ def test_role_matrix(route: Route, who: str, make_user, task, worker):
 def test_an_allowed_hold_is_placed_and_released_by_an_admin(make_user, task):
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("root", password=PASSWORD))
-    url = reverse("audit:hold", kwargs={"task_id": task.pk})
+    url = reverse("compliance:hold", kwargs={"task_id": task.pk})
 
     assert client.post(url, {"reason": "inquiry 7"}).status_code == 302
-    hold = LegalHold.objects.get(task=task)
+    hold = LegalHold.objects.get(task_id=task.pk)
     assert hold.reason == "inquiry 7" and hold.placed_by == "root" and hold.released_at is None
     assert client.post(url, {"action": "release"}).status_code == 302
     hold.refresh_from_db()
@@ -289,7 +298,7 @@ def test_login_logout_and_failed_logins_are_audit_events(make_user):
 
 def test_viewing_a_dossier_writes_record_viewed_and_a_refused_view_does_not(make_user, task):
     auditor, operator = make_user("ann", "auditor"), make_user("bob", "operator")
-    url = reverse("audit:dossier", kwargs={"task_id": task.pk})
+    url = reverse("compliance:dossier", kwargs={"task_id": task.pk})
     refused = Client()
     refused.force_login(operator)
     assert refused.get(url).status_code == 403

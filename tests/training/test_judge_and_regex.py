@@ -9,9 +9,9 @@ import pytest
 from audit.models import AuditEvent, PolicyRule
 from routing import engine, replay
 from routing.models import Attempt, DataClass, Decision, Run, Task, Worker
+from routing.scoring.scorers import regex, score
 from routing.services import SubmissionError, TaskSubmission, task_submit
 from tests.openai_server import Reply
-from training.scorers import regex, score
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,7 +91,7 @@ def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
     assert run.cost_usd == attempts + decisions + judge_cost
 
     # the judge's vendor saw the task: the auditors' vendor report says so, and lists the task
-    from audit.selectors import vendor_exposure, vendor_tasks
+    from routing.compliance import vendor_exposure, vendor_tasks
 
     (row,) = [r for r in vendor_exposure(since=None, until=None) if r["vendor"] == "acme"]
     assert (row["judged"], row["steps"], row["tasks"]) == (1, 0, 1) and row["cost"] == judge_cost

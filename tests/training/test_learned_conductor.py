@@ -9,11 +9,12 @@ import pytest
 from django.core.management import call_command
 
 from routing import engine, replay
-from routing.conductors import LearnedConductor, PlanRequest, WorkerCard
+from routing.conductors import PlanRequest, WorkerCard
 from routing.models import ConductorVersion, Decision, Run, RunStatus, Step, Task
+from routing.scoring.scorers import extract_answer
 from routing.services import TaskSubmission, conductor_active, task_submit
+from training.conductor import LearnedConductor
 from training.policy import Policy, Workflow, agree
-from training.scorers import extract_answer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

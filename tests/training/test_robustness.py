@@ -13,10 +13,10 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, Run, Task
+from routing.scoring.scorers import regex
 from routing.services import SubmissionError, TaskSubmission, conductor_active, task_submit
 from training.models import Dataset, Rollout, TrainingJob
 from training.rewards import RewardConfig
-from training.scorers import regex
 from training.services import (
     TrainingError,
     conductor_promote,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.scorers import (
+from routing.scoring.scorers import (
     SCORER_CHOICES,
     exact,
     extract_answer,

@@ -10,13 +10,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from routing.models import Attempt, Decision, Run, RunStatus, Step, Task
+from audit import signing
+from audit.chain import canonical, run_chain
+from audit.checkpoints import purge_body
+from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold
+from audit.services import Actor, event_record
 
-from . import signing
-from .chain import canonical, run_chain
-from .checkpoints import purge_body
-from .models import AuditEvent, ChainHead, ChainPurge, LegalHold
-from .services import Actor, event_record
+from .compliance import holds_active
+from .models import Attempt, Decision, Run, RunStatus, Step, Task
 
 PURGED = "[deleted under the retention policy]"
 BATCH = 100  # tasks per transaction: bounded lock time and memory
@@ -42,7 +43,7 @@ def due_tasks(now: datetime) -> list[Task]:
 def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
-        if task.purged_at is not None or task.legal_holds.filter(released_at__isnull=True).exists():
+        if task.purged_at is not None or holds_active(task.pk).exists():
             return
         runs = list(Run.objects.filter(task=task))
         if any(run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED) for run in runs):

@@ -15,6 +15,11 @@ from typing import Any
 
 from django.conf import settings
 
+from audit import policies
+
+from ..hashing import content_hash
+from ..models import Worker
+from ..providers import ProviderCallError, complete, worker_api_key
 from .scorers import extract_answer
 
 PROMPT = """You grade answers. Compare the candidate's final answer with the reference answer to the \
@@ -49,8 +54,6 @@ class Judgement:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def audit_payload(self) -> dict[str, Any]:
-        from routing.engine import content_hash
-
         return {
             "worker": self.worker,
             "vendor": self.vendor,
@@ -66,10 +69,6 @@ class Judgement:
 
 
 def judge(*, task_text: str, reference: str, response: str, classification: str) -> Judgement:
-    from audit import policies
-    from routing.models import Worker
-    from routing.providers import ProviderCallError, complete, worker_api_key
-
     answer = extract_answer(response)
     slug = settings.CONDUCTOR_JUDGE_WORKER
     if not slug:

@@ -172,7 +172,7 @@ SCORERS: dict[str, Callable[[str, str], float]] = {
     "math": math,
     "regex": regex,
 }
-# "judge" asks a worker model whether the answer matches the reference (training.judge); the engine
+# "judge" asks a worker model whether the answer matches the reference (routing.scoring.judge); the engine
 # calls it, since it is a provider call with a vendor, a cost and an audit record of its own.
 JUDGE = "judge"
 DOMAIN_SCORERS = {"gsm8k": "numeric", "math-l5": "math", "cruxeval-o": "literal"}

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Avg, Count, Sum
 
 from conductor_web import embedded
-from conductor_web.celery import worker_command
+from conductor_web.celery import beat_command, worker_command
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 
 
@@ -110,18 +110,7 @@ class Command(BaseCommand):
             "training-worker": worker_command(
                 concurrency=1, queues=("maintenance", "training"), hostname="training@%h"
             ),
-            "beat": [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "conductor_web",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(settings.VAR_DIR / "celerybeat-schedule"),
-            ],
+            "beat": beat_command(schedule=str(settings.VAR_DIR / "celerybeat-schedule")),
             "web": [
                 sys.executable,
                 "-m",

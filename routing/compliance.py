@@ -1,0 +1,166 @@
+"""What auditors read about tasks: the dossier of a task (its runs, what the conductor weighed, what
+each step was allowed to see, its audit events and their proof), vendor exposure (which vendor received
+which data class), and legal holds. Read models over routing's rows and audit's events: they live here,
+above both, so that audit knows nothing of routing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.deletion import ProtectedError
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
+
+from audit.chain import run_chain
+from audit.exports import checkpoint_reference
+from audit.models import AuditEvent, LegalHold
+from audit.verify import verify
+
+from .models import Step, StepStatus, Task
+
+
+def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
+    """Which vendors received data of which classification: steps that reached a vendor (any call made),
+    and answers sent to an LLM judge for grading (with the task and its reference)."""
+    qs = Step.objects.exclude(vendor="").exclude(status=StepStatus.PENDING).filter(started_at__isnull=False)
+    if since:
+        qs = qs.filter(started_at__gte=since)
+    if until:
+        qs = qs.filter(started_at__lt=until)
+    rows = {
+        (r["vendor"], r["run__task__classification"]): {**r, "judged": 0}
+        for r in qs.values("vendor", "run__task__classification").annotate(
+            tasks=Count("run__task", distinct=True),
+            steps=Count("id"),
+            input_tokens=Sum("input_tokens"),
+            output_tokens=Sum("output_tokens"),
+            cost=Sum("cost_usd"),
+        )
+    }
+    judged_tasks: dict[tuple[str, str], set[Any]] = {}
+    for event in _judge_calls(since, until):
+        key = (event.payload["vendor"], event.classification)
+        row = rows.setdefault(
+            key,
+            {
+                "vendor": key[0],
+                "run__task__classification": key[1],
+                "tasks": 0,
+                "steps": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost": Decimal("0"),
+                "judged": 0,
+            },
+        )
+        row["judged"] += 1
+        row["input_tokens"] += int(event.payload.get("input_tokens") or 0)
+        row["output_tokens"] += int(event.payload.get("output_tokens") or 0)
+        row["cost"] += Decimal(str(event.payload.get("cost_usd") or "0"))
+        judged_tasks.setdefault(key, set()).add(event.task_id)
+    for key, task_ids in judged_tasks.items():  # tasks counted once, steps or judge
+        seen = set(
+            qs.filter(vendor=key[0], run__task__classification=key[1]).values_list("run__task", flat=True)
+        )
+        rows[key]["tasks"] = len(seen | task_ids)
+    return [rows[key] for key in sorted(rows)]
+
+
+def _judge_calls(since: datetime | None, until: datetime | None) -> QuerySet[AuditEvent]:
+    """score.judged events where the judge was really asked (it was sent the task and the answer)."""
+    qs = AuditEvent.objects.filter(action="score.judged", payload__input_tokens__gt=0).exclude(
+        payload__vendor=""
+    )
+    if since:
+        qs = qs.filter(occurred_at__gte=since)
+    if until:
+        qs = qs.filter(occurred_at__lt=until)
+    return qs.annotate(
+        classification=Subquery(Task.objects.filter(pk=OuterRef("task_id")).values("classification")[:1])
+    )
+
+
+def vendor_tasks(
+    *, vendor: str, classification: str, since: datetime | None, until: datetime | None, limit: int = 200
+) -> list[Task]:
+    qs = Task.objects.filter(
+        runs__steps__vendor=vendor, classification=classification, runs__steps__started_at__isnull=False
+    )
+    if since:
+        qs = qs.filter(runs__steps__started_at__gte=since)
+    if until:
+        qs = qs.filter(runs__steps__started_at__lt=until)
+    judged = {
+        e.task_id
+        for e in _judge_calls(since, until).filter(payload__vendor=vendor)
+        if e.classification == classification
+    }
+    return list(
+        Task.objects.filter(Q(pk__in=qs.values("pk")) | Q(pk__in=judged))
+        .distinct()
+        .order_by("-created_at")[:limit]
+    )
+
+
+def task_chains(task: Task) -> list[str]:
+    return [run_chain(run.correlation_id) for run in task.runs.all()]
+
+
+def task_events(task: Task) -> QuerySet[AuditEvent]:
+    return AuditEvent.objects.filter(task_id=task.pk).order_by("id")
+
+
+def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """What the conductor weighed for step `index`, as (label, p) whatever the backend's shape:
+    an LLM's candidate tokens (with the workers they begin), or the learned policy's workflows."""
+    entry = next((a for a in alternatives if a.get("step") == index), None)
+    weighed = []
+    for c in (entry or {}).get("candidates") or []:
+        label = c.get("workflow") or "/".join(c.get("workers") or []) or c.get("token") or "?"
+        weighed.append({"label": label, "p": c.get("p") or 0})
+    return weighed
+
+
+def dossier_context(task: Task) -> dict[str, Any]:
+    runs = list(task.runs.all())
+    for run in runs:
+        decisions = list(run.decisions.all())
+        by_decision = {d.pk: d for d in decisions}
+        steps = list(run.steps.all())
+        for step in steps:
+            decision = by_decision.get(step.decision_id)
+            step.why_thought = decision.plan.get("thought", "") if decision and decision.plan else ""
+            alternatives = decision.alternatives if decision else []
+            step.why_alternatives = _weighed(alternatives, step.index)
+            verdicts = (decision.policy_checks or {}).get("steps", []) if decision else []
+            step.policy = next((v for v in verdicts if v.get("index") == step.index), None)
+            indices = list(range(step.index)) if step.access == "all" else list(step.access or [])
+            step.saw = [s for s in steps if s.decision_id == step.decision_id and s.index in indices]
+        run.dossier_steps = steps
+        run.dossier_decisions = decisions
+    chains = task_chains(task)
+    report = verify(chains=chains) if chains else None
+    return {
+        "task": task,
+        "runs": runs,
+        "events": list(task_events(task)),
+        "proof": report,
+        "checkpoint": checkpoint_reference(),
+        "holds": list(LegalHold.objects.filter(task_id=task.pk).order_by("-placed_at")),
+        "retention_days": settings.RETENTION_DAYS.get(task.classification),
+    }
+
+
+def holds_active(task_id: Any) -> QuerySet[LegalHold]:
+    return LegalHold.objects.filter(task_id=task_id, released_at__isnull=True)
+
+
+@receiver(pre_delete, sender=Task, dispatch_uid="routing.compliance.task_held")
+def _refuse_deleting_a_held_task(sender: Any, instance: Task, **kwargs: Any) -> None:
+    """A task under legal hold is never deleted (LegalHold keeps the task's id, not a foreign key)."""
+    if holds_active(instance.pk).exists():
+        raise ProtectedError(f"task {instance.pk} is under legal hold", {instance})
