@@ -21,6 +21,7 @@ from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
 
 from .models import Step, StepStatus, Task
+from .plans import visible_indices
 
 
 def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
@@ -138,7 +139,7 @@ def dossier_context(task: Task) -> dict[str, Any]:
             step.why_alternatives = _weighed(alternatives, step.index)
             verdicts = (decision.policy_checks or {}).get("steps", []) if decision else []
             step.policy = next((v for v in verdicts if v.get("index") == step.index), None)
-            indices = list(range(step.index)) if step.access == "all" else list(step.access or [])
+            indices = visible_indices(step.access, step.index)
             step.saw = [s for s in steps if s.decision_id == step.decision_id and s.index in indices]
         run.dossier_steps = steps
         run.dossier_decisions = decisions

@@ -47,7 +47,7 @@ from .models import (
     Task,
     Worker,
 )
-from .plans import MAX_STEPS, Plan, PlanError, parse_plan
+from .plans import MAX_STEPS, Plan, PlanError, parse_plan, visible_indices
 from .providers import ProviderCallError, complete, worker_api_key
 from .scoring import scorers
 from .scoring.judge import judge
@@ -609,7 +609,7 @@ def _record_decision(
 
 
 def _dependencies(step: Step) -> list[int]:
-    return list(range(step.index)) if step.access == "all" else sorted(set(step.access))
+    return visible_indices(step.access, step.index)
 
 
 def _execute_plan(run: Run, decision: Decision) -> None:

@@ -21,6 +21,15 @@ class PlanError(ValueError):
     """The conductor's output is not a usable plan. The message is shown to the conductor on retry."""
 
 
+def visible_indices(access: list[int] | str | None, index: int) -> list[int]:
+    """The one rule of what a step sees: the earlier steps of its plan that its access list names
+    ("all": every earlier step). The engine waits for them and sends their answers; the dossier and
+    the API (a step's `sees`, which the graph draws) show the same."""
+    if access == "all":
+        return list(range(index))
+    return sorted(set(access or []))
+
+
 @dataclass(frozen=True)
 class PlanStep:
     worker: str
@@ -28,9 +37,7 @@ class PlanStep:
     access: list[int] | str  # "all" or indices of earlier steps
 
     def visible_indices(self, index: int) -> list[int]:
-        if self.access == "all":
-            return list(range(index))
-        return sorted(set(self.access))
+        return visible_indices(self.access, index)
 
     def as_dict(self) -> dict[str, Any]:
         return {"worker": self.worker, "instruction": self.instruction, "access": self.access}

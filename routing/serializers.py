@@ -7,6 +7,7 @@ from routing.scoring.scorers import SCORER_CHOICES
 
 from . import limits
 from .models import Attempt, ConductorVersion, DataClass, Decision, Run, Step, Task, Worker
+from .plans import visible_indices
 
 
 class TaskSubmitInput(serializers.Serializer):
@@ -61,6 +62,7 @@ class AttemptOutput(serializers.ModelSerializer):
 
 class StepOutput(serializers.ModelSerializer):
     attempts = AttemptOutput(many=True, read_only=True)
+    sees = serializers.SerializerMethodField(help_text="Indices of the earlier steps of its plan it sees")
 
     class Meta:
         model = Step
@@ -73,6 +75,7 @@ class StepOutput(serializers.ModelSerializer):
             "vendor",
             "instruction",
             "access",
+            "sees",
             "status",
             "messages_sent",
             "response",
@@ -86,6 +89,9 @@ class StepOutput(serializers.ModelSerializer):
             "finished_at",
             "attempts",
         ]
+
+    def get_sees(self, step: Step) -> list[int]:
+        return visible_indices(step.access, step.index)
 
 
 class DecisionOutput(serializers.ModelSerializer):

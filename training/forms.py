@@ -12,6 +12,15 @@ from routing.models import ConductorVersion
 
 from . import limits
 from .models import Dataset, RolloutBatch, TrainingJob
+from .services import (
+    LEARNED_DEFAULTS,
+    LEARNED_LIMITS,
+    LORA_DEFAULTS,
+    LORA_LIMITS,
+    MAX_ITEMS,
+    MAX_K,
+    MAX_TEMPERATURE,
+)
 
 SPLITS = [("train", "train"), ("dev", "dev")]
 
@@ -28,6 +37,15 @@ def name_field(help_text: str) -> forms.CharField:
         help_text=f"{help_text}. {NAME_RULE}",
         widget=forms.TextInput(attrs={"maxlength": NAME_MAX_CHARS}),
     )
+
+
+def _bounded(
+    bounds: dict[str, tuple[type, float, float]], defaults: dict[str, Any], key: str, **kwargs: Any
+) -> forms.Field:
+    """A number field with the service's bounds (training.services.*_LIMITS) and default."""
+    kind, low, high = bounds[key]
+    field = forms.IntegerField if kind is int else forms.FloatField
+    return field(min_value=low, max_value=high, initial=defaults.get(key), **kwargs)
 
 
 class VersionChoiceField(forms.ModelChoiceField):
@@ -60,22 +78,20 @@ class JobStartForm(forms.Form):
         empty_label="— none: train on a replay split —",
     )
     split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
-    limit = forms.IntegerField(
-        min_value=1, max_value=1_000_000, required=False, help_text="First N items only (empty: all)"
-    )
-    # The learned policy (GRPO on the CPU)
-    epochs = forms.IntegerField(min_value=1, max_value=10_000, initial=40)
-    learning_rate = forms.FloatField(min_value=0.0, max_value=1000.0, initial=3.0)
-    group_size = forms.IntegerField(min_value=2, max_value=1024, initial=16, label="Group size")
-    cost_penalty_per_usd = forms.FloatField(
-        min_value=0.0, max_value=1_000_000.0, initial=20.0, label="Cost penalty per USD"
+    limit = _bounded(LEARNED_LIMITS, {}, "limit", required=False, help_text="First N items only (empty: all)")
+    # The learned policy (GRPO on the CPU); bounds and defaults are the service's
+    epochs = _bounded(LEARNED_LIMITS, LEARNED_DEFAULTS, "epochs")
+    learning_rate = _bounded(LEARNED_LIMITS, LEARNED_DEFAULTS, "learning_rate")
+    group_size = _bounded(LEARNED_LIMITS, LEARNED_DEFAULTS, "group_size", label="Group size")
+    cost_penalty_per_usd = _bounded(
+        LEARNED_LIMITS, LEARNED_DEFAULTS, "cost_penalty_per_usd", label="Cost penalty per USD"
     )
     # The LLM conductor (TRL GRPO + LoRA)
     base_model_path = forms.CharField(max_length=500, required=False, label="Base model path")
-    max_steps = forms.IntegerField(min_value=1, max_value=100_000, initial=20, label="Max steps")
-    num_generations = forms.IntegerField(min_value=2, max_value=64, initial=4, label="Generations per prompt")
-    lora_learning_rate = forms.FloatField(min_value=0.0, max_value=1.0, initial=1e-4, label="Learning rate")
-    lora_r = forms.IntegerField(min_value=1, max_value=256, initial=8, label="LoRA rank r")
+    max_steps = _bounded(LORA_LIMITS, LORA_DEFAULTS, "max_steps", label="Max steps")
+    num_generations = _bounded(LORA_LIMITS, LORA_DEFAULTS, "num_generations", label="Generations per prompt")
+    lora_learning_rate = _bounded(LORA_LIMITS, LORA_DEFAULTS, "learning_rate", label="Learning rate")
+    lora_r = _bounded(LORA_LIMITS, LORA_DEFAULTS, "lora_r", label="LoRA rank r")
 
     LEARNED_FIELDS = ("split", "limit", "epochs", "learning_rate", "group_size", "cost_penalty_per_usd")
     LORA_FIELDS = ("base_model_path", "max_steps", "num_generations", "lora_learning_rate", "lora_r")
@@ -138,9 +154,9 @@ class RolloutsForm(forms.Form):
     version = VersionChoiceField(queryset=ConductorVersion.objects.order_by("-created_at"), label="Version")
     split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
     domain = forms.CharField(max_length=40, required=False, help_text="Only this domain (empty: all)")
-    limit = forms.IntegerField(min_value=1, max_value=10_000, initial=20, help_text="Items")
-    k = forms.IntegerField(min_value=1, max_value=64, initial=4, label="K", help_text="Samples per item")
-    temperature = forms.FloatField(min_value=0.0, max_value=5.0, initial=1.0)
+    limit = forms.IntegerField(min_value=1, max_value=MAX_ITEMS, initial=20, help_text="Items")
+    k = forms.IntegerField(min_value=1, max_value=MAX_K, initial=4, label="K", help_text="Samples per item")
+    temperature = forms.FloatField(min_value=0.0, max_value=MAX_TEMPERATURE, initial=1.0)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

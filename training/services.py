@@ -10,6 +10,7 @@ import hashlib
 import json
 import random
 import shutil
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -37,6 +38,7 @@ from .rewards import RewardConfig, RunReward, group_advantages, parse_bool, rewa
 MAX_ITEMS = 5000
 TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
 MAX_K = 64
+MAX_TEMPERATURE = 5.0
 DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a time
 QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per user at a time
 FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
@@ -145,8 +147,8 @@ def _offline_runs(specs: list[tuple[Task, ConductorVersion]], kind: str, **field
 def _rollouts_checked(items: list[str], k: int, temperature: float) -> list[replay.ReplayItem]:
     if not 1 <= k <= MAX_K:
         raise TrainingError(f"K must be between 1 and {MAX_K}")
-    if not 0 < temperature <= 5:
-        raise TrainingError("the temperature must be above 0 and at most 5")
+    if not 0 < temperature <= MAX_TEMPERATURE:
+        raise TrainingError(f"the temperature must be above 0 and at most {MAX_TEMPERATURE:g}")
     _checked(limits.rollout_runs_check, len(dict.fromkeys(items)), k)  # before reading the items
     return replay_items(items)
 
@@ -537,6 +539,32 @@ LORA_DEFAULTS = {
 }
 
 
+# What each backend's settings may be: (type, lowest, highest). The one place for these limits: the
+# service checks them, the job form takes its fields' bounds from here.
+LEARNED_LIMITS: dict[str, tuple[type, float, float]] = {
+    "epochs": (int, 1, 500),
+    "learning_rate": (float, 1e-6, 100),
+    "group_size": (int, 2, 64),
+    "cost_penalty_per_usd": (float, 0, 10_000),
+    "limit": (int, 1, 1_000_000),
+}
+LORA_LIMITS: dict[str, tuple[type, float, float]] = {
+    "max_steps": (int, 1, 100_000),
+    "num_generations": (int, 2, 64),
+    "prompts_per_step": (int, 1, 1024),
+    "learning_rate": (float, 1e-8, 1),
+    "lora_r": (int, 1, 256),
+    "max_completion_length": (int, 8, 4096),
+    "cost_penalty_per_usd": (float, 0, 10_000),
+}
+
+
+def _numbers(merged: dict[str, Any], bounds: dict[str, tuple[type, float, float]], *keys: str) -> None:
+    for key in keys:
+        if merged.get(key) is not None:
+            merged[key] = _number(merged, key, *bounds[key])
+
+
 def _number(options: dict[str, Any], key: str, kind: type, low: float, high: float) -> Any:
     try:
         value = kind(options[key])
@@ -554,12 +582,7 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         unknown = set(merged) - set(LEARNED_DEFAULTS)
         if unknown:
             raise TrainingError(f"unknown settings for the learned backend: {sorted(unknown)}")
-        merged["epochs"] = _number(merged, "epochs", int, 1, 500)
-        merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-6, 100)
-        merged["group_size"] = _number(merged, "group_size", int, 2, 64)
-        merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
-        if merged["limit"] is not None:
-            merged["limit"] = _number(merged, "limit", int, 1, 1_000_000)
+        _numbers(merged, LEARNED_LIMITS, *LEARNED_LIMITS)
         if dataset is None:
             replay_item_ids(merged["split"], 1)  # the split must exist
         return merged
@@ -578,16 +601,10 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         if not found:
             raise TrainingError(f"no model at {base} (a directory with config.json, from save_pretrained)")
         merged["base_model_path"] = str(base)
-        merged["max_steps"] = _number(merged, "max_steps", int, 1, 100_000)
-        merged["num_generations"] = _number(merged, "num_generations", int, 2, 64)
-        merged["prompts_per_step"] = _number(merged, "prompts_per_step", int, 1, 1024)
+        _numbers(merged, LORA_LIMITS, *LORA_LIMITS)
         _checked(
             limits.lora_runs_check, merged["max_steps"], merged["prompts_per_step"], merged["num_generations"]
         )
-        merged["learning_rate"] = _number(merged, "learning_rate", float, 1e-8, 1)
-        merged["lora_r"] = _number(merged, "lora_r", int, 1, 256)
-        merged["max_completion_length"] = _number(merged, "max_completion_length", int, 8, 4096)
-        merged["cost_penalty_per_usd"] = _number(merged, "cost_penalty_per_usd", float, 0, 10_000)
         try:
             merged["format_term"] = parse_bool(merged["format_term"])
             merged["use_vllm"] = parse_bool(merged["use_vllm"])
@@ -746,13 +763,13 @@ def evaluation_start(
 
 
 def _p95(values: list[float]) -> float | None:
+    """The 95th percentile with linear interpolation: PostgreSQL's percentile_cont, as the ops page
+    computes it (routing.ops.Percentile)."""
     if not values:
         return None
-    ordered = sorted(values)
-    position = 0.95 * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return round(ordered[low] + (ordered[high] - ordered[low]) * (position - low), 1)
+    if len(values) == 1:
+        return round(float(values[0]), 1)
+    return round(statistics.quantiles(values, n=20, method="inclusive")[-1], 1)
 
 
 def evaluation_summary(evaluation: Evaluation) -> dict[str, dict[str, Any]]:

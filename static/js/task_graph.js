@@ -32,8 +32,7 @@
   }
 
   function deps(step) {
-    if (step.access === "all") return Array.from({ length: step.index }, (_, i) => i);
-    return Array.isArray(step.access) ? step.access : [];
+    return step.sees || []; // the server's one rule of what a step sees (routing.plans.visible_indices)
   }
 
   // Layered layout, in plot units (one unit between layers and between rows). A step's layer is one

@@ -457,6 +457,7 @@ def test_the_detail_shows_decisions_steps_and_attempts_after_a_run(api, live_poo
     alpha, gamma = run["steps"]
     assert (alpha["index"], alpha["worker_slug"], alpha["vendor"]) == (0, "alpha", "acme")
     assert (gamma["index"], gamma["worker_slug"], gamma["access"]) == (1, "gamma", "all")
+    assert (alpha["sees"], gamma["sees"]) == ([], [0])  # what each step saw, by the engine's rule
     assert alpha["decision"] == decision["id"]
     assert alpha["response"] == "41 + 1 = 42" and gamma["response"] == "42"
     assert [(a["number"], a["status"], a["http_status"]) for a in alpha["attempts"]] == [
