@@ -24,13 +24,12 @@ from typing import Any
 
 from routing.plans import MAX_STEPS, PlanError, parse_plan
 
+from .rewards import format_term
 from .tiny_model import offline
 
 # on_log(step, total_steps, metrics) -> False stops training (how a job is cancelled).
 OnLog = Callable[[int, int, dict[str, float]], bool | None]
 RewardFunc = Callable[..., list[float | None]]
-
-FORMAT_REWARD_PARSED = 0.5  # the paper: 0 when the workflow does not parse, 0.5 when it does, 1 when correct
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -147,9 +146,9 @@ def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
                 max_steps=int(cap) if cap else MAX_STEPS,
             )
         except (PlanError, TypeError, ValueError):
-            rewards.append(0.0)
+            rewards.append(format_term(parsed=False, correct=None))
         else:
-            rewards.append(FORMAT_REWARD_PARSED)
+            rewards.append(format_term(parsed=True, correct=None))
     return rewards
 
 

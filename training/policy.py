@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from .rewards import RewardConfig, reward_of
+
 FEATURES = 4096  # hashed words and word pairs (v1 and v2)
 CROSSED = 4096  # v2: the same tokens hashed again per domain (domain x word)
 DOMAINS = ["gsm8k", "math-l5", "cruxeval-o"]
@@ -366,7 +368,9 @@ class GRPOConfig:
 
 
 def reward(outcome: Outcome, config: GRPOConfig) -> float:
-    return outcome.correct - config.cost_penalty_per_usd * outcome.cost_usd
+    """training.rewards' formula, with no format term (a workflow of the policy always parses)."""
+    weights = RewardConfig(cost_penalty_per_usd=config.cost_penalty_per_usd)
+    return reward_of(parsed=True, correct=outcome.correct, cost_usd=outcome.cost_usd, config=weights).reward
 
 
 def train(

@@ -61,9 +61,20 @@ class RunReward:
     reward: float
 
 
-def reward_of(*, parsed: bool, correct: float | None, cost_usd: Decimal, config: RewardConfig) -> RunReward:
+FORMAT_TERM_PARSED = 0.5  # the paper: 0 when the workflow does not parse, 0.5 when it does, 1 when correct
+
+
+def format_term(*, parsed: bool, correct: float | None) -> float:
+    """The paper's format term (also TRL's format reward, training.lora.format_reward)."""
+    return 0.0 if not parsed else (1.0 if correct == 1.0 else FORMAT_TERM_PARSED)
+
+
+def reward_of(
+    *, parsed: bool, correct: float | None, cost_usd: Decimal | float, config: RewardConfig
+) -> RunReward:
+    """The one reward formula: the engine's runs, the datasets, the learned policy's training."""
     if config.format_term:
-        term = 0.0 if not parsed else (1.0 if correct == 1.0 else 0.5)
+        term = format_term(parsed=parsed, correct=correct)
     else:
         term = float(correct or 0.0) if parsed else 0.0
     value = config.correctness * term - config.cost_penalty_per_usd * float(cost_usd)

@@ -16,13 +16,13 @@ from datasets import Dataset  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from training.lora import (  # noqa: E402
-    FORMAT_REWARD_PARSED,
     _grpo_config,
     _settings,
     completion_text,
     format_reward,
     run_grpo_lora,
 )
+from training.rewards import FORMAT_TERM_PARSED  # noqa: E402
 
 TRAIN_SETTINGS = {
     "num_generations": 2,
@@ -198,13 +198,13 @@ def test_format_reward_scores_parsable_plans():
         [{"role": "assistant", "content": json.dumps({**PLAN, "steps": []})}],
         json.dumps({"thought": "", "steps": [{"worker": "alpha", "instruction": "x", "access": [0]}]}),
     ]
-    assert format_reward(completions) == [FORMAT_REWARD_PARSED] * 3 + [0.0] * 3
+    assert format_reward(completions) == [FORMAT_TERM_PARSED] * 3 + [0.0] * 3
     # with allowed workers per row, a plan naming another worker does not parse
     assert format_reward([good, good], allowed_workers=[["alpha", "beta"], ["alpha"]]) == [
-        FORMAT_REWARD_PARSED,
+        FORMAT_TERM_PARSED,
         0.0,
     ]
-    assert format_reward([good], allowed_workers=[json.dumps(["alpha", "beta"])]) == [FORMAT_REWARD_PARSED]
+    assert format_reward([good], allowed_workers=[json.dumps(["alpha", "beta"])]) == [FORMAT_TERM_PARSED]
     assert format_reward([good], max_steps=[1]) == [0.0]
     bad_slug = json.dumps(
         {"thought": "", "steps": [{"worker": "Not A Slug", "instruction": "x", "access": []}]}
