@@ -18,6 +18,8 @@ from rest_framework import exceptions
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler
 
+from routing.errors import ServiceError
+
 ERROR_COMPONENT = "Error"
 ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
 ERROR_SCHEMA: dict[str, Any] = {
@@ -39,8 +41,19 @@ ERROR_SCHEMA: dict[str, Any] = {
 # --- the exception handler -------------------------------------------------------------------------
 
 
+class Refused(exceptions.APIException):
+    """A service's refusal (routing.errors.ServiceError) as an API error with the service's status."""
+
+    def __init__(self, exc: ServiceError):
+        self.status_code = exc.status
+        super().__init__(detail=str(exc))
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
-    """DRF's handler (status, headers such as Allow and Retry-After), with the body in the one shape."""
+    """DRF's handler (status, headers such as Allow and Retry-After), with the body in the one shape.
+    A service's refusal (ServiceError, any app) is answered with its sentence and status."""
+    if isinstance(exc, ServiceError):
+        exc = Refused(exc)
     response = exception_handler(exc, context)
     if response is None:
         return None  # not an API error: Django answers it (a 500)

@@ -14,7 +14,7 @@ from audit.services import record_viewed
 from . import limits, selectors
 from .models import DataClass, RunStatus, Task
 from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
-from .services import IdempotencyConflict, SubmissionError, TaskSubmission, task_submit
+from .services import TaskSubmission, task_submit
 
 
 class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -59,14 +59,9 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         )
         if values.get("reference") == "":
             values["reference"] = None
-        try:
-            task, created = task_submit(
-                submission=TaskSubmission(**values), source=Task.Source.API, user=request.user
-            )
-        except IdempotencyConflict as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-        except SubmissionError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        task, created = task_submit(
+            submission=TaskSubmission(**values), source=Task.Source.API, user=request.user
+        )
         body = TaskDetailOutput(selectors.task_detail(task_id=task.pk)).data
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

@@ -17,9 +17,11 @@ from typing import Any
 
 from django.conf import settings
 
+from .errors import ServiceError
 
-class ReplayDataError(RuntimeError):
-    pass
+
+class ReplayDataError(ServiceError):
+    """The recorded data cannot serve the request (a split or an item that is not there)."""
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,19 @@ from audit.services import Actor, event_record
 
 from . import limits
 from .conductors import DEFAULT_STATIC_RULES
+from .errors import ServiceError
 from .models import ConductorVersion, DataClass, Run, Task, Worker
 from .secrets import ENDPOINT_FIELDS, key_env_check
 
 
-class SubmissionError(ValueError):
+class SubmissionError(ServiceError):
     """The submission cannot be accepted; the message says why."""
 
 
 class IdempotencyConflict(SubmissionError):
     """The idempotency key was used before for a different task."""
+
+    status = 409
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from rest_framework.response import Response
 from audit.models import Role
 from audit.services import Actor
 from routing.models import ConductorVersion
-from routing.replay import ReplayDataError
 from routing.services import conductor_active
 
 from . import limits, services
@@ -49,14 +48,9 @@ from .serializers import (
 
 READERS = (Role.ML_STAFF, Role.AUDITOR)
 WRITERS = (Role.ML_STAFF,)
-FAILURES = (services.TrainingError, ReplayDataError, ValueError)
 METRICS_PER_PAGE = 2000
 # The body is the API's Error shape (conductor_web.api_errors adds the schema to every error response).
 REFUSED = OpenApiResponse(description="The service refused the request; detail says why")
-
-
-def _refused(exc: Exception) -> Response:
-    return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
 
 
 def _estimate(estimate: Any) -> Response:
@@ -94,17 +88,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewS
         data = JobStartInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        try:
-            job = services.job_start(
-                name=values["name"],
-                backend=values["backend"],
-                dataset=values["dataset"],
-                options=values["options"],
-                actor=_actor(request),
-                user=request.user,
-            )
-        except FAILURES as exc:
-            return _refused(exc)
+        job = services.job_start(
+            name=values["name"],
+            backend=values["backend"],
+            dataset=values["dataset"],
+            options=values["options"],
+            actor=_actor(request),
+            user=request.user,
+        )
         return Response(
             JobDetailOutput(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED
         )
@@ -141,10 +132,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewS
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None, format: str | None = None) -> Response:
         job = self.get_object()
-        try:
-            services.job_cancel(job=job, actor=_actor(request))
-        except FAILURES as exc:
-            return _refused(exc)
+        services.job_cancel(job=job, actor=_actor(request))
         return Response(JobDetailOutput(self.get_queryset().get(pk=job.pk)).data)
 
 
@@ -167,22 +155,19 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
         data = DatasetBuildInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        try:
-            dataset = services.dataset_build(
-                name=values["name"],
-                batch_ids=values["batch_ids"],
-                conductor_version=values["conductor_version"],
-                since=values["since"],
-                until=values["until"],
-                items=values["items"] or None,
-                min_group_size=values["min_group_size"],
-                reward_config=RewardConfig.from_dict(values["reward"]),
-                validation_fraction=values["validation_fraction"],
-                actor=_actor(request),
-                user=request.user,
-            )
-        except FAILURES as exc:
-            return _refused(exc)
+        dataset = services.dataset_build(
+            name=values["name"],
+            batch_ids=values["batch_ids"],
+            conductor_version=values["conductor_version"],
+            since=values["since"],
+            until=values["until"],
+            items=values["items"] or None,
+            min_group_size=values["min_group_size"],
+            reward_config=RewardConfig.from_dict(values["reward"]),
+            validation_fraction=values["validation_fraction"],
+            actor=_actor(request),
+            user=request.user,
+        )
         body = DatasetDetailOutput(dataset, context=self.get_serializer_context()).data
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -232,33 +217,28 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
         data = RolloutsStartInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        try:
-            if "items" in values:
-                items = values["items"]
-            else:
-                items = services.replay_item_ids(
-                    values["split"], limit=values["limit"], domain=values["domain"]
+        if "items" in values:
+            items = values["items"]
+        else:
+            items = services.replay_item_ids(values["split"], limit=values["limit"], domain=values["domain"])
+        if values["dry_run"]:
+            return _estimate(
+                services.rollouts_estimate(
+                    version=values["version"],
+                    items=items,
+                    k=values["k"],
+                    temperature=values["temperature"],
+                    user=request.user,
                 )
-            if values["dry_run"]:
-                return _estimate(
-                    services.rollouts_estimate(
-                        version=values["version"],
-                        items=items,
-                        k=values["k"],
-                        temperature=values["temperature"],
-                        user=request.user,
-                    )
-                )
-            batch = services.rollouts_start(
-                version=values["version"],
-                items=items,
-                k=values["k"],
-                temperature=values["temperature"],
-                actor=_actor(request),
-                user=request.user,
             )
-        except FAILURES as exc:
-            return _refused(exc)
+        batch = services.rollouts_start(
+            version=values["version"],
+            items=items,
+            k=values["k"],
+            temperature=values["temperature"],
+            actor=_actor(request),
+            user=request.user,
+        )
         return self._detail(self.get_queryset().get(pk=batch.pk), status=status.HTTP_201_CREATED)
 
 
@@ -290,27 +270,24 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
         data = EvaluationStartInput(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
-        try:
-            if values["dry_run"]:
-                return _estimate(
-                    services.evaluation_estimate(
-                        candidate=values["candidate"],
-                        baseline=values["baseline"],
-                        split=values["split"],
-                        limit=values["limit"],
-                        user=request.user,
-                    )
+        if values["dry_run"]:
+            return _estimate(
+                services.evaluation_estimate(
+                    candidate=values["candidate"],
+                    baseline=values["baseline"],
+                    split=values["split"],
+                    limit=values["limit"],
+                    user=request.user,
                 )
-            evaluation = services.evaluation_start(
-                candidate=values["candidate"],
-                baseline=values["baseline"],
-                split=values["split"],
-                limit=values["limit"],
-                actor=_actor(request),
-                user=request.user,
             )
-        except FAILURES as exc:
-            return _refused(exc)
+        evaluation = services.evaluation_start(
+            candidate=values["candidate"],
+            baseline=values["baseline"],
+            split=values["split"],
+            limit=values["limit"],
+            actor=_actor(request),
+            user=request.user,
+        )
         body = EvaluationOutput(self.get_queryset().get(pk=evaluation.pk)).data
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -341,10 +318,7 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
     @action(detail=True, methods=["post"])
     def promote(self, request: Request, name: str | None = None, format: str | None = None) -> Response:
         version = self.get_object()
-        try:
-            services.conductor_promote(version=version, actor=_actor(request))
-        except FAILURES as exc:
-            return _refused(exc)
+        services.conductor_promote(version=version, actor=_actor(request))
         return self._version(version.name)
 
     @extend_schema(
@@ -354,10 +328,7 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
     )
     @action(detail=False, methods=["post"])
     def rollback(self, request: Request, format: str | None = None) -> Response:
-        try:
-            version = services.conductor_rollback(actor=_actor(request))
-        except FAILURES as exc:
-            return _refused(exc)
+        version = services.conductor_rollback(actor=_actor(request))
         return self._version(version.name)
 
     @extend_schema(
@@ -372,11 +343,8 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
         version = self.get_object()
         data = ShadowInput(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            if data.validated_data["on"]:
-                services.shadow_set(version=version, actor=_actor(request))
-            elif version.is_shadow:
-                services.shadow_set(version=None, actor=_actor(request))
-        except FAILURES as exc:
-            return _refused(exc)
+        if data.validated_data["on"]:
+            services.shadow_set(version=version, actor=_actor(request))
+        elif version.is_shadow:
+            services.shadow_set(version=None, actor=_actor(request))
         return self._version(version.name)

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
+from routing.errors import ServiceError
+
 
 @dataclass(frozen=True)
 class RewardConfig:
@@ -25,7 +27,7 @@ class RewardConfig:
         data = dict(data or {})
         unknown = set(data) - {"correctness", "cost_penalty_per_usd", "format_term"}
         if unknown:
-            raise ValueError(f"unknown reward settings: {sorted(unknown)}")
+            raise ServiceError(f"unknown reward settings: {sorted(unknown)}")
         try:
             config = cls(
                 correctness=float(data.get("correctness", 1.0)),
@@ -33,11 +35,11 @@ class RewardConfig:
                 format_term=parse_bool(data.get("format_term", False)),
             )
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"reward settings: {exc}") from exc
+            raise ServiceError(f"reward settings: {exc}") from exc
         if not all(math.isfinite(v) for v in (config.correctness, config.cost_penalty_per_usd)):
-            raise ValueError("reward weights must be finite numbers")
+            raise ServiceError("reward weights must be finite numbers")
         if config.correctness < 0 or config.cost_penalty_per_usd < 0:
-            raise ValueError("reward weights must not be negative")
+            raise ServiceError("reward weights must not be negative")
         return config
 
     def as_dict(self) -> dict[str, Any]:

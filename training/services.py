@@ -26,6 +26,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from routing import replay
+from routing.errors import ServiceError
 from routing.limits import name_check
 from routing.models import ConductorVersion, DataClass, Decision, Run, RunStatus, Task
 from routing.secrets import redact
@@ -44,7 +45,7 @@ QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per
 FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
-class TrainingError(ValueError):
+class TrainingError(ServiceError):
     """The request cannot be carried out; the message says why."""
 
 

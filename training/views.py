@@ -22,8 +22,8 @@ from audit import params
 from audit.models import Role
 from audit.roles import has_role, role_required
 from audit.services import Actor
+from routing.errors import ServiceError
 from routing.models import ConductorVersion
-from routing.replay import ReplayDataError
 from routing.services import conductor_active
 
 from . import limits, services
@@ -36,7 +36,6 @@ WRITERS = (Role.ML_STAFF,)
 LIST_SIZE = 50
 METRICS_PER_POLL = 2000
 LOG_TAIL_CHARS = 8000
-FAILURES = (services.TrainingError, ReplayDataError)
 
 
 # --- Pages -----------------------------------------------------------------------------------
@@ -162,7 +161,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = get_object_or_404(Dataset, pk=dataset_id)
     try:
         files = services.dataset_files(dataset)
-    except FAILURES as exc:
+    except ServiceError as exc:
         files = {}
         messages.error(request, f"The dataset's files cannot be listed: {exc}")
     rows = [{"name": name, "exists": Path(path).is_file()} for name, path in files.items()]
@@ -198,7 +197,7 @@ def dataset_file(request: HttpRequest, dataset_id: int, name: str) -> FileRespon
     dataset = get_object_or_404(Dataset, pk=dataset_id)
     try:
         files = services.dataset_files(dataset)
-    except FAILURES as exc:
+    except ServiceError as exc:
         raise Http404("no files for this dataset") from exc
     if name not in files:
         raise Http404("no such file in this dataset")
@@ -311,7 +310,7 @@ def job_start(request: HttpRequest) -> HttpResponse:
                 actor=_actor(request),
                 user=request.user,
             )
-        except FAILURES as exc:
+        except ServiceError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Training job {job.name} queued.")
@@ -325,7 +324,7 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob, pk=job_id)
     try:
         services.job_cancel(job=job, actor=_actor(request))
-    except FAILURES as exc:
+    except ServiceError as exc:
         messages.error(request, f"Not cancelled: {exc}")
     else:
         messages.success(request, f"Cancellation of {job.name} requested.")
@@ -359,7 +358,7 @@ def rollouts_start(request: HttpRequest) -> HttpResponse:
                 actor=_actor(request),
                 user=request.user,
             )
-        except FAILURES as exc:
+        except ServiceError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Rollout batch {batch.pk} started: {len(items)} items × K={batch.k}.")
@@ -394,7 +393,7 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
                 actor=_actor(request),
                 user=request.user,
             )
-        except (ValueError, *FAILURES) as exc:
+        except ServiceError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Dataset {dataset.name} v{dataset.version} built.")
@@ -408,7 +407,7 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
     version = get_object_or_404(ConductorVersion, pk=version_id)
     try:
         services.conductor_promote(version=version, actor=_actor(request))
-    except FAILURES as exc:
+    except ServiceError as exc:
         messages.error(request, f"Not promoted: {exc}")
     else:
         messages.success(request, f"{version.name} is now the active conductor.")
@@ -420,7 +419,7 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
 def version_rollback(request: HttpRequest) -> HttpResponse:
     try:
         version = services.conductor_rollback(actor=_actor(request))
-    except FAILURES as exc:
+    except ServiceError as exc:
         messages.error(request, f"Not rolled back: {exc}")
     else:
         messages.success(request, f"Rolled back: {version.name} is the active conductor again.")
@@ -434,7 +433,7 @@ def version_shadow(request: HttpRequest, version_id: int) -> HttpResponse:
     turn_on = request.POST.get("on") == "1"
     try:
         services.shadow_set(version=version if turn_on else None, actor=_actor(request))
-    except FAILURES as exc:
+    except ServiceError as exc:
         messages.error(request, f"Shadow mode unchanged: {exc}")
     else:
         messages.success(
@@ -467,7 +466,7 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
                 limit=form.cleaned_data["limit"],
                 user=request.user,
             )
-        except FAILURES as exc:
+        except ServiceError as exc:
             messages.error(request, f"Not evaluated: {exc}")
             return redirect("training:home")
         preview = {"version": version, **form.cleaned_data, "estimate": estimate}
@@ -481,7 +480,7 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
             actor=_actor(request),
             user=request.user,
         )
-    except FAILURES as exc:
+    except ServiceError as exc:
         messages.error(request, f"Not evaluated: {exc}")
         return redirect("training:home")
     messages.success(request, f"Evaluation of {version.name} queued.")
