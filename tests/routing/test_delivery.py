@@ -27,6 +27,10 @@ from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded
 from routing import engine
+from routing.engine.claim import claim_run
+from routing.engine.planning import ensure_plan
+from routing.engine.record import record_event
+from routing.engine.schedule import start_step
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
 from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held
@@ -106,11 +110,11 @@ def test_a_process_whose_lock_connection_died_writes_nothing_after_another_claim
 def test_a_stale_claim_cannot_write(live_pool):
     run = submit()
     with engine.run_lock(run.pk):
-        stale = engine._claim(run.pk)
-    engine._claim(run.pk)  # another process's claim
+        stale = claim_run(run.pk)
+    claim_run(run.pk)  # another process's claim
 
     with pytest.raises(engine.Fenced), transaction.atomic():
-        engine._audit(stale, "step.started", stale, {})
+        record_event(stale, "step.started", stale, {})
     assert not Run.objects.get(pk=run.pk).steps.exists()
 
 
@@ -124,9 +128,9 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, 
     run = submit()
     # The state a killed process leaves: its step running, its call started, nobody holding the lock.
     with engine.run_lock(run.pk):
-        claimed = engine._claim(run.pk)
-        decision = engine._ensure_plan(claimed, parent_step=None, depth=0)
-        step = engine._start_step(claimed, decision.steps.get().pk)
+        claimed = claim_run(run.pk)
+        decision = ensure_plan(claimed, parent_step=None, depth=0)
+        step = start_step(claimed, decision.steps.get().pk)
         Attempt.objects.create(step=step, number=1, started_at=step.started_at)
 
     engine.execute_run(run.pk)

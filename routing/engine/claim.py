@@ -1,0 +1,249 @@
+"""Taking a run: the advisory lock on its own connection, the keeper that proves the lock alive, the
+claim (a new epoch that fences off any earlier process), and the entry point that executes a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import litellm
+import psycopg
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..models import (
+    Attempt,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+)
+from ..secrets import redact
+from .finish import fail_run, finish_run
+from .planning import ensure_plan
+from .record import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunStopped, add_cost, record_event
+from .schedule import execute_plan
+
+log = logging.getLogger(__name__)
+
+
+ADVISORY_LOCK_NAMESPACE = 0x436F6E64  # "Cond": keeps run locks apart from other advisory locks
+
+
+class _Keeper:
+    """Keeps the lock's connection busy and watched: every CONDUCTOR_HEARTBEAT_S it writes the run's
+    heartbeat through it, fenced by the claim epoch. If the connection dies (an idle-session timeout, a
+    reaper, a restart) the lock is gone with it: `lost` is set and the engine stops before its next
+    write or call."""
+
+    def __init__(self, lock_conn: psycopg.Connection, run: Run):
+        self.lock_conn, self.run = lock_conn, run
+        self.lost = threading.Event()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"run-{run.pk}-keeper", daemon=True)
+
+    def __enter__(self) -> _Keeper:
+        self.run._claim_lost = self.lost  # type: ignore[attr-defined]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(settings.CONDUCTOR_HEARTBEAT_S):
+            try:
+                updated = self.lock_conn.execute(
+                    "UPDATE routing_run SET heartbeat_at = now() WHERE id = %s AND claim_epoch = %s",
+                    (self.run.pk, self.run.claim_epoch),
+                ).rowcount
+            except psycopg.Error:
+                updated = 0
+            if not updated:
+                log.warning("run %s: the run lock or the claim was lost; stopping", self.run.pk)
+                self.lost.set()
+                return
+
+
+@contextmanager
+def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Connection | None]:
+    """Hold an advisory lock on a connection of its own (it dies with the process); yields that
+    connection, or None if another process holds the lock."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as lock_conn:
+        acquired = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()[0]
+        try:
+            yield lock_conn if acquired else None
+        finally:
+            if acquired and not lock_conn.closed:
+                with contextlib.suppress(psycopg.Error):  # a dead connection took the lock with it
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, key))
+
+
+@contextmanager
+def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
+    """Hold an advisory lock on a connection of its own; yields False if another process holds it."""
+    with advisory_lock_connection(namespace, key) as lock_conn:
+        yield lock_conn is not None
+
+
+def run_lock(run_id: int) -> Iterator[psycopg.Connection | None]:
+    """The run's lock: one process executes a run at a time. Yields the lock's connection, or None."""
+    return advisory_lock_connection(ADVISORY_LOCK_NAMESPACE, run_id)
+
+
+def advisory_locked(namespace: int, key: int) -> bool:
+    """Whether another process holds the lock (probed by taking it for a moment)."""
+    with advisory_lock(namespace, key) as acquired:
+        return not acquired
+
+
+def run_is_locked(run_id: int) -> bool:
+    return advisory_locked(ADVISORY_LOCK_NAMESPACE, run_id)
+
+
+def execute_run(run_id: int) -> None:
+    """Claim a run and execute it. Raises InfrastructureError when the database failed under it."""
+    try:
+        with run_lock(run_id) as lock_conn:
+            if lock_conn is None:
+                log.info("run %s is being executed by another process; leaving it", run_id)
+                return
+            run = claim_run(run_id)
+            if run is None:
+                return
+            with _Keeper(lock_conn, run):
+                _execute(run)
+    except Fenced as fenced:
+        log.warning("%s", fenced)
+    except INFRASTRUCTURE_ERRORS as exc:
+        raise InfrastructureError(f"run {run_id}: {type(exc).__name__}: {exc}") from exc
+
+
+def _execute(run: Run) -> None:
+    try:
+        root = ensure_plan(run, parent_step=None, depth=0)
+        execute_plan(run, root)
+        finish_run(run, root)
+    except RunStopped as stop:
+        fail_run(run, str(stop), stop.stop_reason)
+    except (Fenced, *INFRASTRUCTURE_ERRORS):
+        raise  # not the run's failure: nothing may (or can) be written; the next delivery resumes it
+    except Exception as exc:
+        # A bug: leave a clear failed state rather than a run stuck in "running".
+        log.exception("run %s failed unexpectedly", run.pk)
+        fail_run(run, redact(f"internal error: {type(exc).__name__}: {exc}"), "internal")
+        raise
+
+
+def claim_run(run_id: int) -> Run | None:
+    with transaction.atomic():
+        run = Run.objects.select_for_update(of=("self",)).select_related("task").filter(pk=run_id).first()
+        if run is None:
+            log.warning("run %s does not exist; dropping its message", run_id)
+            return None
+        if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+            log.info("run %s has already ended; dropping its message", run_id)
+            return None
+        resumed = run.deliveries > 0
+        now = timezone.now()
+        run.status = RunStatus.RUNNING
+        run.deliveries += 1
+        run.claim_epoch += 1  # fences off whatever process held the run before
+        run.worker_host = socket.gethostname()
+        run.worker_pid = os.getpid()
+        run.heartbeat_at = now
+        run.started_at = run.started_at or now
+        run.save(
+            update_fields=[
+                "status",
+                "deliveries",
+                "claim_epoch",
+                "worker_host",
+                "worker_pid",
+                "heartbeat_at",
+                "started_at",
+            ]
+        )
+        # We hold the run's lock, so anything still marked in flight belongs to a process that died.
+        lost = list(
+            Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
+        )
+        for attempt in lost:
+            attempt_lost(run, attempt, now)
+        Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
+        record_event(
+            run,
+            "run.resumed" if resumed else "run.started",
+            run,
+            {
+                "delivery": run.deliveries,
+                "worker_host": run.worker_host,
+                "worker_pid": run.worker_pid,
+                "epoch": run.claim_epoch,
+                "lost_attempts": [
+                    {
+                        "step_id": a.step_id,
+                        "attempt": a.number,
+                        "cost_usd": a.cost_usd,
+                        "input_tokens": a.input_tokens,
+                        "output_tokens": a.output_tokens,
+                        "estimated": a.cost_estimated,
+                    }
+                    for a in lost
+                ],
+                "conductor": run.conductor_version.name,
+            },
+        )
+    return run
+
+
+def attempt_lost(run: Run, attempt: Attempt, now: Any) -> None:
+    """A call in flight when its process died: the provider may have answered and charged for it.
+    Its cost is estimated (the prompt as sent, the output at its bound), marked as an estimate, and
+    counted in the totals, so that lost calls do not vanish from spend."""
+    step = attempt.step
+    input_tokens = (
+        litellm.token_counter(model="gpt-4o", messages=step.messages_sent) if step.messages_sent else 0
+    )
+    output_tokens = settings.CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS
+    cost = (
+        step.worker.cost_of(input_tokens=input_tokens, output_tokens=output_tokens)
+        if step.worker
+        else Decimal(0)
+    )
+    attempt.status = Attempt.Status.LOST
+    attempt.error = (
+        "the worker process was lost during this call; its outcome is unknown "
+        f"(cost estimated: {input_tokens} prompt tokens, at most {output_tokens} output tokens)"
+    )
+    attempt.finished_at = now
+    attempt.input_tokens, attempt.output_tokens, attempt.cost_usd = input_tokens, output_tokens, cost
+    attempt.cost_estimated = True
+    attempt.save(
+        update_fields=[
+            "status",
+            "error",
+            "finished_at",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "cost_estimated",
+        ]
+    )
+    add_cost(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens)

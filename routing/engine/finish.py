@@ -1,0 +1,160 @@
+"""Finishing a run: the final answer, its score (a scorer or the LLM judge), the totals, the seal of
+its audit chain; or its failure, with every step left settled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Exists
+from django.utils import timezone
+
+from audit.services import run_chain_seal
+
+from ..hashing import content_hash
+from ..models import (
+    Decision,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+)
+from ..scoring import scorers
+from ..scoring.judge import judge
+from .record import add_cost, record_event
+
+log = logging.getLogger(__name__)
+
+
+def finish_run(run: Run, root: Decision) -> None:
+    last = root.steps.order_by("-index").first()
+    assert last is not None
+    final = last.response
+    task = run.task
+    score: float | None = None
+    extracted = ""
+    judged = None
+    if task.reference is not None and task.reference != "" and task.scorer == scorers.JUDGE:
+        judged = judge(
+            task_text=task.text, reference=task.reference, response=final, classification=task.classification
+        )
+        score, extracted = judged.score, judged.answer
+    elif task.reference is not None and task.reference != "":
+        score, extracted = scorers.score(
+            response=final, reference=task.reference, scorer=task.scorer, domain=task.domain
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        if judged is not None:
+            add_cost(
+                run,
+                cost=judged.cost_usd,
+                input_tokens=judged.input_tokens,
+                output_tokens=judged.output_tokens,
+            )
+            record_event(run, "score.judged", run, judged.audit_payload())
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.SUCCEEDED,
+            final_answer=final,
+            score=score,
+            finished_at=now,
+            heartbeat_at=now,
+            stop_reason="",
+        )
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=task.pk).update(
+                status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, error=""
+            )
+        _settle_steps(run, now, reason="the run finished without it")
+        totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
+        record_event(
+            run,
+            "run.succeeded",
+            run,
+            {
+                "final_step_id": last.pk,
+                "final_answer_sha256": content_hash(final),
+                "score": score,
+                "extracted_answer": extracted,
+                "scorer": scorers.scorer_name(task.scorer, task.domain) if score is not None else None,
+                **totals,
+            },
+        )
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk)
+        _settle_training_task(run, now)
+
+
+def fail_run(run: Run, message: str, stop_reason: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        _settle_steps(run, now, reason=f"the run stopped ({stop_reason}): {message}")
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
+        )
+        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+            Task.objects.filter(pk=run.task_id).update(
+                status=RunStatus.FAILED, error=message, finished_at=now
+            )
+        record_event(
+            run,
+            "run.failed",
+            run,
+            {"error": message, "stop_reason": stop_reason},
+        )
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)
+        _settle_training_task(run, now)
+
+
+def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
+    """Every step of an ending run, nested levels included, ends in a terminal state with the reason.
+
+    Call inside the transaction that ends the run, before its chain is sealed. A step that never
+    started is skipped; one left running (an unexpected error stopped the run mid-step) failed. Each
+    change is an engine event, like any other change of a step's state.
+    """
+    unsettled = list(
+        Step.objects.select_for_update(of=("self",))
+        .filter(run=run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])
+        .order_by("depth", "decision_id", "index")
+    )
+    for step in unsettled:
+        if step.status == StepStatus.PENDING:
+            step.status = StepStatus.SKIPPED
+            step.note = f"not run: {reason}"
+            action = "step.skipped"
+        else:
+            step.status = StepStatus.FAILED
+            step.error = f"interrupted: {reason}"
+            action = "step.failed"
+        step.finished_at = now
+        step.save(update_fields=["status", "note", "error", "finished_at"])
+        record_event(
+            run,
+            action,
+            step,
+            {
+                "index": step.index,
+                "depth": step.depth,
+                "worker": step.worker_slug,
+                "error": step.error if action == "step.failed" else "",
+                "note": step.note if action == "step.skipped" else "",
+                "settled_with_run": True,
+            },
+        )
+
+
+def _settle_training_task(run: Run, now: Any) -> None:
+    """A training item's task (rollouts, evaluations; no live run) is done when its last run ends."""
+    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW):
+        return
+    # The task row is locked first: two runs ending at once each see the other finished, in turn.
+    Task.objects.select_for_update().filter(pk=run.task_id).values_list("pk", flat=True).first()
+    unfinished = Run.objects.filter(task_id=run.task_id).exclude(
+        status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
+    )
+    Task.objects.filter(pk=run.task_id, source=Task.Source.TRAINING).exclude(Exists(unfinished)).update(
+        status=RunStatus.SUCCEEDED, finished_at=now
+    )

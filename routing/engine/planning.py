@@ -1,0 +1,284 @@
+"""Planning: ask the conductor for a plan, check it (parse, allowed workers, policy rules, budgets),
+retry an invalid one with the error shown, and record the decision with its steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from audit import policies
+
+from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
+from ..models import (
+    CONDUCTOR_SLUG,
+    Decision,
+    Run,
+    Step,
+    Task,
+    Worker,
+)
+from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
+from ..providers import ProviderCallError
+from .calls import backoff, last_response_before, visible_steps
+from .record import RunStopped, add_cost, claim_current, record_event
+
+log = logging.getLogger(__name__)
+
+
+PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the conductor
+
+
+def _screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    """Enabled workers the task's data may go to, and those its policies withhold (with the rule)."""
+    return policies.screen(list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification)
+
+
+def _offerable_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    workers, withheld = _screened_workers(task)
+    if not workers:
+        reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
+        raise RunStopped(
+            f"no enabled worker may receive {task.classification} data ({reasons})",
+            stop_reason="policy_blocked" if withheld else "no_workers",
+        )
+    return workers, withheld
+
+
+def _steps_used(run: Run) -> int:
+    return Step.objects.filter(run=run).count()
+
+
+def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
+    """The valid decision for this level of the run, asking the conductor if there is none yet."""
+    decisions = Decision.objects.filter(run=run, parent_step=parent_step)
+    valid = decisions.filter(valid=True).first()
+    if valid is not None:
+        return valid
+    task = run.task
+    workers, withheld = _offerable_workers(task)
+    remaining = task.max_steps - _steps_used(run)
+    if remaining <= 0:
+        raise RunStopped(
+            f"step budget of {task.max_steps} reached before planning", stop_reason="step_budget"
+        )
+    parent_context: dict[str, Any] = {}
+    if parent_step is not None:
+        parent_context = {
+            "parent_plan": parent_step.decision.plan,
+            "last_response": last_response_before(parent_step),
+            "visible_responses": tuple(s.response for s in visible_steps(parent_step)),
+        }
+    conductor = conductor_for(run.conductor_version)
+    tries = decisions.count()
+    last_blocked: policies.Verdict | None = None
+    feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
+    asked = False
+    while tries < PLAN_TRIES:
+        tries += 1
+        if asked:  # rules may have changed while the conductor answered: offer what they allow now
+            workers, withheld = _offerable_workers(task)
+        asked = True
+        request = PlanRequest(
+            task_text=task.text,
+            domain=task.domain,
+            workers=[WorkerCard.of(w) for w in workers],
+            max_steps=min(MAX_STEPS, remaining),
+            may_recurse=depth < task.max_depth,
+            feedback=feedback,
+            temperature=run.temperature,
+            seed=run.pk * 100 + depth * 10 + tries,
+            **parent_context,
+        )
+        if run.plan_override and parent_step is None:
+            # A trainer's sampled plan: executed as written, never re-asked (an invalid one is its reward).
+            proposal = Proposal(raw_output=run.plan_override)
+        else:
+            proposal = _propose(run, conductor, request)
+        plan: Plan | None = None
+        error = ""
+        blocked: policies.Verdict | None = None
+        try:
+            # Withheld workers parse, so that a plan naming one is recorded as blocked by its rule.
+            plan = parse_plan(
+                proposal.raw_output,
+                allowed_workers=set(request.allowed_slugs) | set(withheld),
+                max_steps=request.max_steps,
+                allow_empty=parent_step is not None,
+            )
+        except PlanError as exc:
+            error = str(exc)
+        checks: dict[str, Any] = {
+            "withheld": {slug: v.as_dict() for slug, v in withheld.items()},
+            "steps": [],
+        }
+        if plan is not None:
+            for i, step in enumerate(plan.steps):
+                verdict = withheld.get(step.worker)
+                if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
+                    verdict = policies.judge(
+                        next(w for w in workers if w.slug == step.worker),
+                        task.classification,
+                        policies.active_rules(),
+                    )
+                checks["steps"].append(
+                    {
+                        "index": i,
+                        **(
+                            verdict.as_dict()
+                            if verdict
+                            else {
+                                "worker": step.worker,
+                                "allowed": True,
+                                "rule": "",
+                                "reason": "the conductor itself",
+                            }
+                        ),
+                    }
+                )
+                if blocked is None and verdict is not None and not verdict.allowed:
+                    blocked = verdict
+                    error = (
+                        f"blocked by policy '{verdict.rule}': step {i} ({verdict.worker}): {verdict.reason}"
+                    )
+            if blocked is not None:
+                plan = None
+        decision = _record_decision(
+            run,
+            parent_step=parent_step,
+            depth=depth,
+            attempt=tries,
+            proposal=proposal,
+            plan=plan,
+            error=error,
+            workers={w.slug: w for w in workers},
+            policy_checks=checks,
+            blocked_by=blocked.rule if blocked else "",
+        )
+        if plan is not None:
+            return decision
+        feedback = error
+        last_blocked = blocked
+        if run.plan_override and parent_step is None:
+            raise RunStopped(f"the given plan is invalid: {error}", stop_reason="invalid_plan")
+    if last_blocked is not None:
+        raise RunStopped(f"the conductor's plan was blocked twice; {feedback}", stop_reason="policy_blocked")
+    raise RunStopped(
+        f"the conductor's plan was invalid twice; last error: {feedback}", stop_reason="invalid_plan"
+    )
+
+
+def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
+    """Ask the conductor, retrying timeouts, 429 and 5xx like any provider call; each failure is audited."""
+    made = 0
+    while True:
+        claim_current(run)
+        try:
+            return conductor.propose(request)
+        except ConductorUnavailable as exc:
+            raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
+        except ProviderCallError as exc:
+            made += 1
+            with transaction.atomic():
+                record_event(
+                    run,
+                    "conductor.call_failed",
+                    run,
+                    {
+                        "attempt": made,
+                        "status": exc.status,
+                        "http_status": exc.http_status,
+                        "error": str(exc),
+                    },
+                )
+            if not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS:
+                raise RunStopped(
+                    f"the conductor could not be reached after {made} attempt(s): {exc}",
+                    stop_reason="conductor_unavailable",
+                ) from exc
+            time.sleep(backoff(made, exc.retry_after))
+
+
+def _record_decision(
+    run: Run,
+    *,
+    parent_step: Step | None,
+    depth: int,
+    attempt: int,
+    proposal: Proposal,
+    plan: Plan | None,
+    error: str,
+    workers: dict[str, Worker],
+    policy_checks: dict[str, Any],
+    blocked_by: str,
+) -> Decision:
+    version = run.conductor_version
+    # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
+    backend = "given" if run.plan_override and parent_step is None else version.backend
+    with transaction.atomic():
+        decision = Decision.objects.create(
+            run=run,
+            parent_step=parent_step,
+            depth=depth,
+            attempt=attempt,
+            backend=backend,
+            version_name=version.name,
+            prompt=proposal.prompt,
+            raw_output=proposal.raw_output,
+            plan=plan.as_dict() if plan is not None else None,
+            valid=plan is not None,
+            error=error,
+            alternatives=proposal.alternatives,
+            policy_checks=policy_checks,
+            blocked_by=blocked_by,
+            input_tokens=proposal.input_tokens,
+            output_tokens=proposal.output_tokens,
+            cost_usd=proposal.cost_usd,
+            latency_ms=proposal.latency_ms,
+        )
+        add_cost(
+            run,
+            cost=proposal.cost_usd,
+            input_tokens=proposal.input_tokens,
+            output_tokens=proposal.output_tokens,
+        )
+        if plan is not None:
+            Step.objects.bulk_create(
+                [
+                    Step(
+                        run=run,
+                        decision=decision,
+                        index=i,
+                        depth=depth,
+                        worker=workers.get(s.worker),
+                        worker_slug=s.worker,
+                        vendor=workers[s.worker].vendor if s.worker in workers else "",
+                        instruction=s.instruction,
+                        access=s.access,
+                    )
+                    for i, s in enumerate(plan.steps)
+                ]
+            )
+        record_event(
+            run,
+            "plan.emitted" if plan is not None else ("plan.blocked" if blocked_by else "plan.rejected"),
+            decision,
+            {
+                "backend": backend,
+                "version": version.name,
+                "depth": depth,
+                "attempt": attempt,
+                "parent_step_id": parent_step.pk if parent_step else None,
+                "raw_output": proposal.raw_output,
+                "plan": plan.as_dict() if plan is not None else None,
+                "error": error,
+                "alternatives": proposal.alternatives,
+                "policy_checks": policy_checks,
+                "blocked_by": blocked_by,
+            },
+        )
+    return decision

@@ -1,0 +1,113 @@
+"""What every part of the engine writes through: the audit event of a change (which also fences
+the claim), the cost roll-up, and the errors that stop a run or a process.
+"""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from django import db as django_db
+from django.db.models import F
+from django.utils import timezone
+
+from audit.services import ENGINE, event_record
+
+from .. import live
+from ..models import (
+    Run,
+    Task,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(Exception):
+    """This process's claim on the run is no longer current (another process claimed it, or the lock's
+    connection died): it must write nothing more and make no more calls."""
+
+
+class InfrastructureError(Exception):
+    """The database (or its connection) failed under the run: not the run's fault. The run is left as it
+    is, for the next delivery to resume; the Celery task retries the message."""
+
+
+INFRASTRUCTURE_ERRORS = (django_db.OperationalError, django_db.InterfaceError, psycopg.OperationalError)
+
+
+class RunStopped(Exception):
+    """The run cannot go on: a step failed, a plan stayed invalid, or a budget was reached."""
+
+    def __init__(self, message: str, *, stop_reason: str):
+        super().__init__(message)
+        self.stop_reason = stop_reason
+
+
+def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
+    """An engine event on the run's chain; call inside the transaction of the change it records.
+
+    Watchers of the task get a small live event after commit, numbered by the event's place in the
+    run's chain (gap-free), so a page can tell when it missed one.
+
+    Every write transaction of the engine records an event, so this is also where the claim is fenced:
+    the run row is locked and its claim epoch must still be this process's, or the whole transaction
+    (the change with its event) rolls back.
+    """
+    fence(run)
+    event = event_record(
+        actor=ENGINE,
+        action=action,
+        obj=obj,
+        task_id=run.task_id,
+        correlation_id=run.correlation_id,
+        payload=payload,
+    )
+    live.publish_on_commit(
+        task_id=run.task_id,
+        event={
+            "run": run.pk,
+            "seq": event.seq,
+            "action": action,
+            "object": event.object_type,
+            "id": event.object_id,
+        },
+    )
+
+
+def fence(run: Run) -> None:
+    """Inside a write transaction: lock the run row and check that this process's claim is current."""
+    lost = getattr(run, "_claim_lost", None)
+    if lost is not None and lost.is_set():
+        raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
+    current = (
+        Run.objects.select_for_update(of=("self",)).filter(pk=run.pk).values_list("claim_epoch", flat=True)
+    )
+    epoch = current.first()
+    if epoch != run.claim_epoch:
+        raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
+
+
+def claim_current(run: Run) -> None:
+    """Before a provider call: stop if the lock's connection was lost (no database round trip)."""
+    lost = getattr(run, "_claim_lost", None)
+    if lost is not None and lost.is_set():
+        raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops before its next call")
+
+
+def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) -> None:
+    """Roll a cost up to the run and its task, in the caller's transaction."""
+    if not (cost or input_tokens or output_tokens):
+        return
+    Run.objects.filter(pk=run.pk).update(
+        cost_usd=F("cost_usd") + cost,
+        input_tokens=F("input_tokens") + input_tokens,
+        output_tokens=F("output_tokens") + output_tokens,
+        heartbeat_at=timezone.now(),
+    )
+    Task.objects.filter(pk=run.task_id).update(
+        cost_usd=F("cost_usd") + cost,
+        input_tokens=F("input_tokens") + input_tokens,
+        output_tokens=F("output_tokens") + output_tokens,
+    )
