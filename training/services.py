@@ -235,21 +235,11 @@ def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
 
 def conductor_prompt(task: Task) -> list[dict[str, str]]:
     """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt)."""
-    from audit import policies
-    from routing.conductors import LLMConductor, PlanRequest, WorkerCard
-    from routing.models import Worker
-    from routing.plans import MAX_STEPS
+    from routing.conductors import LLMConductor
+    from routing.engine.planning import plan_request, screened_workers
 
-    workers, _ = policies.screen(
-        list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification
-    )
-    request = PlanRequest(
-        task_text=task.text,
-        domain=task.domain,
-        workers=[WorkerCard.of(w) for w in workers],
-        max_steps=min(MAX_STEPS, task.max_steps),
-        may_recurse=task.max_depth > 0,
-    )
+    workers, _ = screened_workers(task)
+    request = plan_request(task, workers, remaining_steps=task.max_steps, depth=0)
     if not workers:
         raise TrainingError(f"no enabled worker may receive {task.classification} data: no prompt to write")
     return LLMConductor({"model": "conductor"}).messages(request)

@@ -33,13 +33,28 @@ log = logging.getLogger(__name__)
 PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the conductor
 
 
-def _screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+def screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
     """Enabled workers the task's data may go to, and those its policies withhold (with the rule)."""
     return policies.screen(list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification)
 
 
+def plan_request(
+    task: Task, workers: list[Worker], *, remaining_steps: int, depth: int, **extra: Any
+) -> PlanRequest:
+    """What the conductor is asked for a task: the one place its prompt's inputs are put together,
+    for the engine's plans and for training's GRPO prompts (training.services.conductor_prompt)."""
+    return PlanRequest(
+        task_text=task.text,
+        domain=task.domain,
+        workers=[WorkerCard.of(w) for w in workers],
+        max_steps=min(MAX_STEPS, remaining_steps),
+        may_recurse=depth < task.max_depth,
+        **extra,
+    )
+
+
 def _offerable_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
-    workers, withheld = _screened_workers(task)
+    workers, withheld = screened_workers(task)
     if not workers:
         reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(
@@ -83,12 +98,11 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         if asked:  # rules may have changed while the conductor answered: offer what they allow now
             workers, withheld = _offerable_workers(task)
         asked = True
-        request = PlanRequest(
-            task_text=task.text,
-            domain=task.domain,
-            workers=[WorkerCard.of(w) for w in workers],
-            max_steps=min(MAX_STEPS, remaining),
-            may_recurse=depth < task.max_depth,
+        request = plan_request(
+            task,
+            workers,
+            remaining_steps=remaining,
+            depth=depth,
             feedback=feedback,
             temperature=run.temperature,
             seed=run.pk * 100 + depth * 10 + tries,
