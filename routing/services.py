@@ -111,6 +111,15 @@ def conductor_activate(*, version: ConductorVersion, actor: Actor) -> ConductorV
     return version
 
 
+# Idempotency-key prefixes that apps above routing use for tasks of their own: {prefix: whose}.
+_RESERVED_KEY_PREFIXES: dict[str, str] = {}
+
+
+def key_prefix_reserve(prefix: str, owner: str) -> None:
+    """Refuse submissions whose idempotency key starts with `prefix` (tasks `owner` creates itself)."""
+    _RESERVED_KEY_PREFIXES[prefix] = owner
+
+
 def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) -> tuple[Task, bool]:
     """Store a task and its live run, then queue the run. Returns (task, created).
 
@@ -135,8 +144,9 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
         raise SubmissionError("max_usd must not be negative")
     _check_budgets(submission)
     key = submission.idempotency_key or None
-    if key is not None and key.startswith("training:"):
-        raise SubmissionError("idempotency keys starting with 'training:' are reserved for training items")
+    for prefix, owner in _RESERVED_KEY_PREFIXES.items():
+        if key is not None and key.startswith(prefix):
+            raise SubmissionError(f"idempotency keys starting with {prefix!r} are reserved for {owner}")
     if key is not None:
         existing = Task.objects.filter(idempotency_key=key).first()
         if existing is not None:

@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists
 from django.utils import timezone
 
 from audit.services import run_chain_seal
@@ -24,6 +23,7 @@ from ..models import (
 )
 from ..scoring import scorers
 from ..scoring.judge import judge
+from ..signals import run_finished
 from .record import add_cost, record_event
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def finish_run(run: Run, root: Decision) -> None:
             },
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk)
-        _settle_training_task(run, now)
+        run_finished.send(sender=Run, run=run, now=now)
 
 
 def fail_run(run: Run, message: str, stop_reason: str) -> None:
@@ -105,7 +105,7 @@ def fail_run(run: Run, message: str, stop_reason: str) -> None:
             {"error": message, "stop_reason": stop_reason},
         )
         run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)
-        _settle_training_task(run, now)
+        run_finished.send(sender=Run, run=run, now=now)
 
 
 def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
@@ -144,17 +144,3 @@ def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
                 "settled_with_run": True,
             },
         )
-
-
-def _settle_training_task(run: Run, now: Any) -> None:
-    """A training item's task (rollouts, evaluations; no live run) is done when its last run ends."""
-    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW):
-        return
-    # The task row is locked first: two runs ending at once each see the other finished, in turn.
-    Task.objects.select_for_update().filter(pk=run.task_id).values_list("pk", flat=True).first()
-    unfinished = Run.objects.filter(task_id=run.task_id).exclude(
-        status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
-    )
-    Task.objects.filter(pk=run.task_id, source=Task.Source.TRAINING).exclude(Exists(unfinished)).update(
-        status=RunStatus.SUCCEEDED, finished_at=now
-    )
