@@ -17,6 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
@@ -102,7 +103,7 @@ def replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
     return found
 
 
-def _training_task(item: replay.ReplayItem, actor: Actor) -> Task:
+def item_task(item: replay.ReplayItem, actor: Actor) -> Task:
     """The task that stands for a recorded item in rollouts and evaluations (one per item)."""
     task, created = Task.objects.get_or_create(
         idempotency_key=f"{TRAINING_KEY_PREFIX}{item.id}",
@@ -179,7 +180,7 @@ def rollouts_start(
             status=JobStatus.RUNNING,
             created_by=_user(user),
         )
-        tasks = [(item, _training_task(item, actor)) for item in found]
+        tasks = [(item, item_task(item, actor)) for item in found]
         runs = iter(
             _offline_runs(
                 [(task, version) for _, task in tasks for _ in range(k)],
@@ -647,9 +648,8 @@ def job_start(
 
 
 def _queue_job(job_id: int) -> None:
-    from .tasks import train_job
-
-    result = train_job.delay(job_id)
+    # By name: tasks call services, never the other way (CELERY_TASK_ROUTES sends it to `training`).
+    result = current_app.send_task("training.tasks.train_job", args=(job_id,))
     TrainingJob.objects.filter(pk=job_id).update(celery_task_id=result.id or "")
 
 
@@ -728,7 +728,7 @@ def evaluation_start(
             created_by=_user(user),
         )
         sides = (("candidate", candidate), ("baseline", baseline))
-        tasks = [(item, _training_task(item, actor)) for item in found]
+        tasks = [(item, item_task(item, actor)) for item in found]
         runs = iter(
             _offline_runs([(task, version) for _, task in tasks for _, version in sides], Run.Kind.EVALUATION)
         )

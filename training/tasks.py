@@ -309,7 +309,7 @@ class EngineReward:
         from .lora import completion_text
         from .models import Rollout
         from .rewards import run_reward
-        from .services import _training_task
+        from .services import item_task
 
         if item is None:
             raise ValueError(
@@ -323,7 +323,7 @@ class EngineReward:
             if recorded is None:
                 raise ValueError(f"unknown item {item_id}")
             with transaction.atomic():
-                task = _training_task(recorded, SERVICE)
+                task = item_task(recorded, SERVICE)
                 run = Run.objects.create(
                     task=task,
                     conductor_version=version,
