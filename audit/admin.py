@@ -31,6 +31,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from . import policies, user_events
+from .actions import Action
 from .models import ApiToken, LegalHold, PolicyRule, Role
 from .roles import has_role, request_roles, token_revoke
 from .services import Actor, event_record
@@ -285,7 +286,7 @@ class UserAdmin(RoleModelAdmin, DjangoUserAdmin):
             if change and other:
                 event_record(
                     actor=Actor.for_user(request.user),
-                    action="user.updated",
+                    action=Action.USER_UPDATED,
                     obj=obj,
                     payload={"via": "admin", "username": obj.get_username(), "changed": sorted(other)},
                 )

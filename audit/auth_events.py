@@ -28,6 +28,7 @@ from django.db.models import Max, Q, Sum
 from django.shortcuts import render
 from django.utils import timezone
 
+from .actions import Action
 from .services import Actor, event_record
 
 # A failed login's username is whatever the client sent: events keep this many characters of it.
@@ -135,14 +136,18 @@ def lockout_response(request, original_response=None, credentials=None):
 
 def on_login(sender, request, user, **kwargs) -> None:
     with transaction.atomic():
-        event_record(actor=Actor.for_user(user), action="auth.login", obj=user, payload={"ip": _ip(request)})
+        event_record(
+            actor=Actor.for_user(user), action=Action.AUTH_LOGIN, obj=user, payload={"ip": _ip(request)}
+        )
 
 
 def on_logout(sender, request, user, **kwargs) -> None:
     if user is None:
         return
     with transaction.atomic():
-        event_record(actor=Actor.for_user(user), action="auth.logout", obj=user, payload={"ip": _ip(request)})
+        event_record(
+            actor=Actor.for_user(user), action=Action.AUTH_LOGOUT, obj=user, payload={"ip": _ip(request)}
+        )
 
 
 def on_login_failed(sender, credentials, request=None, **kwargs) -> None:
@@ -152,9 +157,9 @@ def on_login_failed(sender, credentials, request=None, **kwargs) -> None:
     if request is not None and getattr(request, "axes_locked_out", False):
         if getattr(request, "axes_failures_since_start", None) is None:
             return  # refused unchecked while locked: the lock's event stands for it
-        action = "auth.locked_out"
+        action = Action.AUTH_LOCKED_OUT
     elif counts is None or getattr(request, "axes_failures_of_pair", 1) <= 1:
-        action = "auth.login_failed"
+        action = Action.AUTH_LOGIN_FAILED
     else:
         return  # a repeat of this (username, address) in the window: counted by axes, not recorded
     username = _clip(str(credentials.get("username", "")))
@@ -163,7 +168,7 @@ def on_login_failed(sender, credentials, request=None, **kwargs) -> None:
     payload = {"ip": _ip(request), "username": username, "known_user": user is not None}
     if counts is not None:
         payload["failures"] = counts["username"]  # this username's, from any address, in the window
-    if action == "auth.locked_out":
+    if action == Action.AUTH_LOCKED_OUT:
         limits = _limits()
         payload["failures_ip"] = counts["ip_address"]  # this address's, on any usernames
         payload["locked"] = [name for name in ("username", "ip_address") if counts[name] >= limits[name]]

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
 
 GENESIS = "0" * 64
@@ -91,7 +92,14 @@ def _lock_head(chain: str) -> ChainHead:
 
 
 def append(*, chain: str, **fields: Any) -> AuditEvent:
-    """Append one event to a chain. The caller's transaction holds the chain head until it commits."""
+    """Append one event to a chain. The caller's transaction holds the chain head until it commits.
+    Its action must be one of audit.actions.Action (stored as the plain string)."""
+    try:
+        fields["action"] = str(Action(fields["action"]))
+    except ValueError:
+        raise ValueError(
+            f"unknown audit action {fields['action']!r}: declare it in audit.actions.Action"
+        ) from None
     head = _lock_head(chain)
     if head.sealed:
         raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")

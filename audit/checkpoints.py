@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from . import chain, signing
+from .actions import Action
 from .models import GLOBAL_CHAIN, ChainHead, Checkpoint, CheckpointHead
 
 FORMAT = "conductor-web/audit-checkpoint/2"
@@ -108,7 +109,7 @@ def checkpoint_create(*, only_if_moved: bool = False) -> Checkpoint | None:
             actor_type="service",
             actor_id="",
             actor_name="checkpoint",
-            action="audit.checkpoint",
+            action=Action.AUDIT_CHECKPOINT,
             object_type="checkpoint",
             object_id=str(checkpoint.pk),
             task_id=None,

@@ -16,6 +16,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
 
+from .actions import Action
+
 GLOBAL_CHAIN = "global"
 
 
@@ -47,7 +49,9 @@ class AuditEvent(models.Model):
             models.Index(fields=["actor_name", "-id"], name="audit_actor"),
             models.Index(fields=["action", "-id"], name="audit_action_id"),
             # A run's seal, found by its chain name: one run's proof is read without scanning seals.
-            models.Index(KT("payload__chain"), condition=Q(action="run.sealed"), name="audit_seal_chain"),
+            models.Index(
+                KT("payload__chain"), condition=Q(action=Action.RUN_SEALED), name="audit_seal_chain"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -18,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from rest_framework.permissions import BasePermission
 
+from .actions import Action
 from .models import ApiToken, Role
 
 EVERYONE = (Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN)
@@ -135,7 +136,7 @@ def token_create(
         )
         event_record(
             actor=actor or Actor.for_user(user),
-            action="token.created",
+            action=Action.TOKEN_CREATED,
             obj=token,
             payload={
                 "user": user.get_username(),
@@ -164,7 +165,7 @@ def token_revoke(*, token: ApiToken, actor: Any) -> bool:
         row.save(update_fields=["revoked_at", "revoked_by"])
         event_record(
             actor=actor,
-            action="token.revoked",
+            action=Action.TOKEN_REVOKED,
             obj=row,
             payload={
                 "user": row.user.get_username(),

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
+from .actions import Action
 from .models import AuditEvent, PolicyRule
 
 PAGE = 100
@@ -72,10 +73,10 @@ def event_page(flt: EventFilter, *, before: int | None) -> tuple[list[AuditEvent
 def policy_events(*, since: datetime | None, until: datetime | None, limit: int = 500) -> list[AuditEvent]:
     """Blocks (plans and steps stopped by a rule) and changes to the rules, newest first."""
     qs = AuditEvent.objects.filter(
-        Q(action="plan.blocked")
+        Q(action=Action.PLAN_BLOCKED)
         | Q(action__startswith="policyrule.")
-        | Q(action="step.failed", payload__note__startswith="policy")
-        | Q(action="run.failed", payload__stop_reason="policy_blocked")
+        | Q(action=Action.STEP_FAILED, payload__note__startswith="policy")
+        | Q(action=Action.RUN_FAILED, payload__stop_reason="policy_blocked")
     )
     if since:
         qs = qs.filter(occurred_at__gte=since)

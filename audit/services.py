@@ -11,6 +11,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 
 from . import chain
+from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent
 
 
@@ -87,7 +88,7 @@ def run_chain_seal(*, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | 
         actor_type=ENGINE.type,
         actor_id=ENGINE.id,
         actor_name=ENGINE.name,
-        action="run.sealed",
+        action=Action.RUN_SEALED,
         object_type=run._meta.model_name,
         object_id=str(run.pk),
         task_id=task_id,
@@ -101,7 +102,7 @@ def record_viewed(*, request: Any, task: Any, view: str) -> AuditEvent:
     with transaction.atomic():
         return event_record(
             actor=Actor.for_user(request.user),
-            action="record.viewed",
+            action=Action.RECORD_VIEWED,
             obj=task,
             task_id=task.pk,
             payload={"view": view, "path": request.path[:300], "ip": request.META.get("REMOTE_ADDR", "")},
@@ -114,7 +115,7 @@ def legal_hold_place(*, task: Any, actor: Actor, reason: str) -> Any:
     with transaction.atomic():
         hold = LegalHold.objects.create(task_id=task.pk, reason=reason, placed_by=actor.name)
         event_record(
-            actor=actor, action="legalhold.placed", obj=hold, task_id=task.pk, payload={"reason": reason}
+            actor=actor, action=Action.LEGALHOLD_PLACED, obj=hold, task_id=task.pk, payload={"reason": reason}
         )
     return hold
 
@@ -132,7 +133,7 @@ def legal_hold_release(*, task: Any, actor: Actor) -> int:
             hold.save(update_fields=["released_at", "released_by"])
             event_record(
                 actor=actor,
-                action="legalhold.released",
+                action=Action.LEGALHOLD_RELEASED,
                 obj=hold,
                 task_id=task.pk,
                 payload={"reason": hold.reason},

@@ -32,6 +32,7 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_save, pre_delete, pre_save
 
+from .actions import Action
 from .services import Actor, event_record
 
 FLAGS = ("is_active", "is_staff", "is_superuser")
@@ -110,7 +111,7 @@ def on_user_pre_save(sender, instance, raw=False, update_fields=None, **kwargs) 
 def on_user_post_save(sender, instance, created, raw=False, **kwargs) -> None:
     if created:
         _record(
-            "user.created",
+            Action.USER_CREATED,
             instance,
             {"username": instance.get_username(), **{f: getattr(instance, f) for f in FLAGS}},
         )
@@ -119,11 +120,11 @@ def on_user_post_save(sender, instance, created, raw=False, **kwargs) -> None:
     if not before:
         return
     if before["password"] != instance.password:  # set by the user, an admin or a shell: who, never what
-        _record("user.password_changed", instance, {"username": instance.get_username()})
+        _record(Action.USER_PASSWORD_CHANGED, instance, {"username": instance.get_username()})
     changed = {f: [before[f], getattr(instance, f)] for f in FLAGS if before[f] != getattr(instance, f)}
     if changed:
         _record(
-            "user.flags_changed",
+            Action.USER_FLAGS_CHANGED,
             instance,
             {"username": instance.get_username(), "changed": changed, "roles": _roles(instance)},
         )
@@ -131,7 +132,7 @@ def on_user_post_save(sender, instance, created, raw=False, **kwargs) -> None:
 
 def on_user_pre_delete(sender, instance, **kwargs) -> None:
     _record(
-        "user.deleted",
+        Action.USER_DELETED,
         instance,
         {
             "username": instance.get_username(),
@@ -176,7 +177,7 @@ def on_groups_changed(sender, instance, action, reverse, model, pk_set, **kwargs
         if user.pk in skip:
             continue
         _record(
-            "user.groups_changed",
+            Action.USER_GROUPS_CHANGED,
             user,
             {
                 "username": user.get_username(),
@@ -203,13 +204,13 @@ def on_group_pre_save(sender, instance, raw=False, **kwargs) -> None:
 def on_group_post_save(sender, instance, created, raw=False, **kwargs) -> None:
     before = instance.__dict__.pop("_audit_name_before", None)
     if created:
-        _record("group.created", instance, {"name": instance.name})
+        _record(Action.GROUP_CREATED, instance, {"name": instance.name})
     elif before is not None and before != instance.name:
-        _record("group.renamed", instance, {"from": before, "to": instance.name, **_members(instance)})
+        _record(Action.GROUP_RENAMED, instance, {"from": before, "to": instance.name, **_members(instance)})
 
 
 def on_group_pre_delete(sender, instance, **kwargs) -> None:
-    _record("group.deleted", instance, {"name": instance.name, **_members(instance)})
+    _record(Action.GROUP_DELETED, instance, {"name": instance.name, **_members(instance)})
 
 
 def connect() -> None:

@@ -28,6 +28,7 @@ from django.db.models.fields.json import KT
 from django.db.transaction import TransactionManagementError
 
 from . import chain, signing
+from .actions import Action
 from .checkpoints import body_digest, checkpoint_files, checkpoint_row, file_matches_row, purge_problem
 from .models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint, CheckpointHead
 
@@ -264,7 +265,7 @@ def _seal_problems(
 def _seal_of(name: str) -> _Seal | None:
     event = (
         AuditEvent.objects.annotate(sealed_chain=KT("payload__chain"))
-        .filter(chain=GLOBAL_CHAIN, action="run.sealed", sealed_chain=name)
+        .filter(chain=GLOBAL_CHAIN, action=Action.RUN_SEALED, sealed_chain=name)
         .order_by("seq")
         .first()
     )
@@ -293,7 +294,7 @@ def _unsigned(name: str, seal: _Seal, signed_seq: int, latest_checkpoint_at: dat
 
 def _recorded_purges(chains: list[str] | None) -> set[str]:
     """Run chains whose deletion a task.purged event of the global chain records."""
-    qs = AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action="task.purged")
+    qs = AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action=Action.TASK_PURGED)
     if chains is not None:
         wanted = Q()
         for name in chains:

@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from . import params, selectors
+from .actions import Action
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
 from .models import Role
 from .roles import (
@@ -65,7 +66,7 @@ def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     flt = _filter(request)
     applied = flt.as_params()
     qs = selectors.events(flt)
-    with_transaction_event(request, "audit.exported", payload={"format": fmt, "filters": applied})
+    with_transaction_event(request, Action.AUDIT_EXPORTED, payload={"format": fmt, "filters": applied})
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     if fmt == "csv":
         response = StreamingHttpResponse(
@@ -113,7 +114,7 @@ def verify_page(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         report = verify()
         with_transaction_event(
-            request, "audit.verified", payload={"intact": report.intact, "summary": report.summary()}
+            request, Action.AUDIT_VERIFIED, payload={"intact": report.intact, "summary": report.summary()}
         )
     return render(request, "audit/verify.html", {"report": report, "checkpoint": checkpoint_reference()})
 

@@ -15,6 +15,7 @@ from django.db.models.deletion import ProtectedError
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
+from audit.actions import Action
 from audit.chain import run_chain
 from audit.exports import checkpoint_reference
 from audit.models import AuditEvent, LegalHold
@@ -73,7 +74,7 @@ def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[d
 
 def _judge_calls(since: datetime | None, until: datetime | None) -> QuerySet[AuditEvent]:
     """score.judged events where the judge was really asked (it was sent the task and the answer)."""
-    qs = AuditEvent.objects.filter(action="score.judged", payload__input_tokens__gt=0).exclude(
+    qs = AuditEvent.objects.filter(action=Action.SCORE_JUDGED, payload__input_tokens__gt=0).exclude(
         payload__vendor=""
     )
     if since:

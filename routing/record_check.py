@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Sum
 from django.db.models.fields.json import KT
 
+from audit.actions import Action
 from audit.chain import run_chain
 from audit.models import GLOBAL_CHAIN, AuditEvent
 from audit.verify import Problem
@@ -64,7 +65,7 @@ def _run_problems(
 ) -> Iterator[Problem]:
     name = run_chain(run.correlation_id)
     for step in steps:
-        started = events.get("step.started", step)
+        started = events.get(Action.STEP_STARTED, step)
         if started is not None:
             p = started.payload
             if p.get("worker") != step.worker_slug:
@@ -81,7 +82,7 @@ def _run_problems(
                     p.get("messages_sha256"),
                     content_hash(step.messages_sent),
                 )
-        succeeded = events.get("step.succeeded", step)
+        succeeded = events.get(Action.STEP_SUCCEEDED, step)
         if step.status == "succeeded" and succeeded is None:
             yield Problem(
                 "row", None, name, None, f"step {step.pk} is succeeded in its row, but no event records it"
@@ -104,7 +105,7 @@ def _run_problems(
         if "vendor" in p and p["vendor"] != step.vendor:
             yield _differs(succeeded, f"step {step.pk}'s vendor", p["vendor"], step.vendor)
     by_key = {(a.step_id, a.number): a for a in attempts}
-    for event in events.by_action["step.succeeded"]:
+    for event in events.by_action[Action.STEP_SUCCEEDED]:
         p = event.payload
         if "attempt" not in p:
             continue  # a conductor step: answered without a call of its own
@@ -126,7 +127,7 @@ def _run_problems(
                     event, f"attempt {attempt.pk}'s {tokens}", p.get(tokens), getattr(attempt, tokens)
                 )
     for attempt in attempts:
-        failed = events.get("attempt.failed", attempt)
+        failed = events.get(Action.ATTEMPT_FAILED, attempt)
         if failed is None:
             continue
         p = failed.payload
@@ -136,7 +137,7 @@ def _run_problems(
             yield _differs(
                 failed, f"attempt {attempt.pk}'s http_status", p.get("http_status"), attempt.http_status
             )
-    for event in events.by_action["run.resumed"]:
+    for event in events.by_action[Action.RUN_RESUMED]:
         for lost in event.payload.get("lost_attempts", []):
             attempt = by_key.get((lost.get("step_id"), lost.get("attempt")))
             if attempt is None or "cost_usd" not in lost:
@@ -192,7 +193,7 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
         )
     # The total is the sum of its parts: decisions, attempts (estimates of lost calls included), judging.
     judged = sum(
-        (_money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action["score.judged"]),
+        (_money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action[Action.SCORE_JUDGED]),
         Decimal(0),
     )
     parts = called + judged
@@ -231,7 +232,7 @@ def run_rows_problems(chains: list[str] | None) -> Iterator[Problem]:
             events[event.chain].append(event)
         sealed = set(
             AuditEvent.objects.annotate(sealed_chain=KT("payload__chain"))
-            .filter(chain=GLOBAL_CHAIN, action="run.sealed", sealed_chain__in=list(names))
+            .filter(chain=GLOBAL_CHAIN, action=Action.RUN_SEALED, sealed_chain__in=list(names))
             .values_list("sealed_chain", flat=True)
         )
         steps: dict[int, list[Step]] = defaultdict(list)

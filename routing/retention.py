@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import signing
+from audit.actions import Action
 from audit.chain import canonical, run_chain
 from audit.checkpoints import purge_body
 from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold
@@ -83,7 +84,7 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
         )
         event_record(
             actor=actor,
-            action="task.purged",
+            action=Action.TASK_PURGED,
             obj=task,
             task_id=task.pk,
             payload={

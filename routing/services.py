@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from audit.actions import Action
 from audit.services import Actor, event_record
 
 from . import limits
@@ -84,7 +85,7 @@ def conductor_active() -> ConductorVersion:
         if created:
             event_record(
                 actor=Actor.service("setup"),
-                action="conductor.activated",
+                action=Action.CONDUCTOR_ACTIVATED,
                 obj=version,
                 payload={"name": version.name, "backend": version.backend, "reason": "no active conductor"},
             )
@@ -99,7 +100,7 @@ def conductor_activate(*, version: ConductorVersion, actor: Actor) -> ConductorV
         ConductorVersion.objects.filter(pk=version.pk).update(is_active=True)
         event_record(
             actor=actor,
-            action="conductor.activated",
+            action=Action.CONDUCTOR_ACTIVATED,
             obj=version,
             payload={
                 "name": version.name,
@@ -180,7 +181,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
             )
             event_record(
                 actor=actor,
-                action="task.submitted",
+                action=Action.TASK_SUBMITTED,
                 obj=task,
                 task_id=task.id,
                 correlation_id=run.correlation_id,
@@ -239,14 +240,17 @@ def worker_upsert(*, slug: str, fields: dict[str, Any], actor: Actor) -> tuple[W
         if created or changed:
             event_record(
                 actor=actor,
-                action="worker.registered" if created else "worker.updated",
+                action=Action.WORKER_REGISTERED if created else Action.WORKER_UPDATED,
                 obj=worker,
                 payload={"slug": slug, "fields": fields if created else changed},
             )
         endpoint = {f: c for f, c in changed.items() if f in ENDPOINT_FIELDS}
         if endpoint:  # where data and which key go: its own event, easy to find in the log
             event_record(
-                actor=actor, action="worker.endpoint_changed", obj=worker, payload={"slug": slug, **endpoint}
+                actor=actor,
+                action=Action.WORKER_ENDPOINT_CHANGED,
+                obj=worker,
+                payload={"slug": slug, **endpoint},
             )
     return worker, created
 

@@ -24,6 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from audit.actions import Action
 from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from routing import replay
@@ -123,7 +124,7 @@ def item_task(item: replay.ReplayItem, actor: Actor) -> Task:
     if created:
         event_record(
             actor=actor,
-            action="task.submitted",
+            action=Action.TASK_SUBMITTED,
             obj=task,
             task_id=task.id,
             payload={"source": Task.Source.TRAINING, "item": item.id, "classification": task.classification},
@@ -197,7 +198,7 @@ def rollouts_start(
         )
         event_record(
             actor=actor,
-            action="rollouts.started",
+            action=Action.ROLLOUTS_STARTED,
             obj=batch,
             payload={
                 "conductor": version.name,
@@ -225,7 +226,10 @@ def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
             )
             if updated:
                 event_record(
-                    actor=Actor.service("training"), action="rollouts.finished", obj=batch, payload=counts
+                    actor=Actor.service("training"),
+                    action=Action.ROLLOUTS_FINISHED,
+                    obj=batch,
+                    payload=counts,
                 )
         batch.status = JobStatus.SUCCEEDED
     return counts
@@ -403,7 +407,7 @@ def dataset_build(
             (directory / "manifest.json").write_text(json.dumps(_manifest(dataset), indent=2, default=str))
             event_record(
                 actor=actor,
-                action="dataset.built",
+                action=Action.DATASET_BUILT,
                 obj=dataset,
                 payload={
                     "name": name,
@@ -631,7 +635,7 @@ def job_start(
             )
             event_record(
                 actor=actor,
-                action="training.job_started",
+                action=Action.TRAINING_JOB_STARTED,
                 obj=job,
                 payload={
                     "name": name,
@@ -665,7 +669,7 @@ def job_cancel(*, job: TrainingJob, actor: Actor) -> TrainingJob:
             fields += ["status", "finished_at"]
         job.save(update_fields=fields)
         event_record(
-            actor=actor, action="training.job_cancel_requested", obj=job, payload={"status": job.status}
+            actor=actor, action=Action.TRAINING_JOB_CANCEL_REQUESTED, obj=job, payload={"status": job.status}
         )
     return job
 
@@ -741,7 +745,7 @@ def evaluation_start(
         )
         event_record(
             actor=actor,
-            action="evaluation.started",
+            action=Action.EVALUATION_STARTED,
             obj=evaluation,
             payload={
                 "candidate": candidate.name,
@@ -807,7 +811,10 @@ def evaluation_refresh(evaluation: Evaluation) -> Evaluation:
             locked.status, locked.finished_at = JobStatus.SUCCEEDED, timezone.now()
             fields += ["status", "finished_at"]
             event_record(
-                actor=Actor.service("training"), action="evaluation.finished", obj=locked, payload=results
+                actor=Actor.service("training"),
+                action=Action.EVALUATION_FINISHED,
+                obj=locked,
+                payload=results,
             )
         locked.save(update_fields=fields)
     return locked
@@ -846,7 +853,10 @@ def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] 
     except TrainingError as exc:
         with transaction.atomic():
             event_record(
-                actor=actor, action="conductor.promotion_failed", obj=version, payload={"error": str(exc)}
+                actor=actor,
+                action=Action.CONDUCTOR_PROMOTION_FAILED,
+                obj=version,
+                payload={"error": str(exc)},
             )
         raise
 
@@ -868,7 +878,7 @@ def _promote(version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | N
         _leave_shadow(version, actor)
         event_record(
             actor=actor,
-            action="conductor.promoted",
+            action=Action.CONDUCTOR_PROMOTED,
             obj=version,
             payload={
                 "name": version.name,
@@ -886,7 +896,7 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
         raise TrainingError("no conductor is active: nothing to roll back")
     last = (
         AuditEvent.objects.filter(
-            action="conductor.activated", object_type="conductorversion", object_id=str(current.pk)
+            action=Action.CONDUCTOR_ACTIVATED, object_type="conductorversion", object_id=str(current.pk)
         )
         .order_by("-id")
         .first()
@@ -900,7 +910,7 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
         _leave_shadow(previous, actor)
         event_record(
             actor=actor,
-            action="conductor.rolled_back",
+            action=Action.CONDUCTOR_ROLLED_BACK,
             obj=previous,
             payload={"from": current.name, "to": previous.name},
         )
@@ -912,7 +922,7 @@ def _leave_shadow(version: ConductorVersion, actor: Actor) -> None:
     if ConductorVersion.objects.filter(pk=version.pk, is_shadow=True).update(is_shadow=False):
         event_record(
             actor=actor,
-            action="conductor.shadow_cleared",
+            action=Action.CONDUCTOR_SHADOW_CLEARED,
             obj=version,
             payload={"shadow": None, "previous": version.name, "reason": "activated"},
         )
@@ -939,7 +949,7 @@ def _shadow_switch(version: ConductorVersion | None, actor: Actor, loaded: dict[
             ConductorVersion.objects.filter(pk=version.pk).update(is_shadow=True)
         event_record(
             actor=actor,
-            action="conductor.shadow_set" if version else "conductor.shadow_cleared",
+            action=Action.CONDUCTOR_SHADOW_SET if version else Action.CONDUCTOR_SHADOW_CLEARED,
             obj=version or previous,
             payload={
                 "shadow": version.name if version else None,

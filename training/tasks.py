@@ -17,6 +17,7 @@ from django.db.models import Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from audit.actions import Action
 from audit.services import Actor, event_record
 from routing import replay
 from routing.models import ConductorVersion, Run
@@ -61,7 +62,10 @@ def _train_job(job_id: int) -> None:
             job.status, job.finished_at = JobStatus.CANCELLED, timezone.now()
             job.save(update_fields=["status", "finished_at"])
             event_record(
-                actor=SERVICE, action="training.job_cancelled", obj=job, payload={"message": "not restarted"}
+                actor=SERVICE,
+                action=Action.TRAINING_JOB_CANCELLED,
+                obj=job,
+                payload={"message": "not restarted"},
             )
             return
         restarted = job.status == JobStatus.RUNNING
@@ -74,7 +78,7 @@ def _train_job(job_id: int) -> None:
         job.save(update_fields=["status", "started_at", "deliveries", "worker_host", "worker_pid", "step"])
         event_record(
             actor=SERVICE,
-            action="training.job_restarted" if restarted else "training.job_running",
+            action=Action.TRAINING_JOB_RESTARTED if restarted else Action.TRAINING_JOB_RUNNING,
             obj=job,
             payload={"backend": job.backend, "delivery": job.deliveries, "worker_pid": job.worker_pid},
         )
@@ -88,11 +92,13 @@ def _train_job(job_id: int) -> None:
             artifact, config, notes = _train_lora(job)
         version = _register(job, artifact, config, notes)
     except Cancelled:
-        _finish(job, JobStatus.CANCELLED, "training.job_cancelled", "cancelled at the ML staff's request")
+        _finish(
+            job, JobStatus.CANCELLED, Action.TRAINING_JOB_CANCELLED, "cancelled at the ML staff's request"
+        )
         return
     except Exception as exc:  # a failed job says why and stays failed (settle never restarts it)
         log.exception("training job %s failed", job_id)
-        _finish(job, JobStatus.FAILED, "training.job_failed", redact(f"{type(exc).__name__}: {exc}"))
+        _finish(job, JobStatus.FAILED, Action.TRAINING_JOB_FAILED, redact(f"{type(exc).__name__}: {exc}"))
         return
     _log(job, f"finished: candidate {version.name}, artifact {artifact}")
 
@@ -118,13 +124,13 @@ def _register(job: TrainingJob, artifact: Path, config: dict[str, Any], notes: s
         )
         event_record(
             actor=SERVICE,
-            action="conductorversion.registered",
+            action=Action.CONDUCTORVERSION_REGISTERED,
             obj=version,
             payload={"backend": backend, "training_job": job.pk, "notes": notes},
         )
         event_record(
             actor=SERVICE,
-            action="training.job_succeeded",
+            action=Action.TRAINING_JOB_SUCCEEDED,
             obj=job,
             payload={"candidate": version.name, "artifact": str(artifact)},
         )
@@ -290,7 +296,7 @@ class EngineReward:
                 )
                 event_record(
                     actor=SERVICE,
-                    action="rollouts.started",
+                    action=Action.ROLLOUTS_STARTED,
                     obj=self.batch,
                     payload={
                         "training_job": self.job.pk,

@@ -16,6 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from audit import policies
+from audit.actions import Action
 
 from ..hashing import content_hash
 from ..models import (
@@ -159,7 +160,7 @@ def _attempt_failed(
         attempt.save(update_fields=["status", "http_status", "error", "latency_ms", "finished_at"])
         record_event(
             run,
-            "attempt.failed",
+            Action.ATTEMPT_FAILED,
             attempt,
             {
                 "step_id": step.pk,
@@ -203,7 +204,7 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
         add_cost(run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
         record_event(
             run,
-            "step.succeeded",
+            Action.STEP_SUCCEEDED,
             step,
             {
                 "index": step.index,
@@ -226,7 +227,7 @@ def step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
         )
         record_event(
             run,
-            "step.failed",
+            Action.STEP_FAILED,
             step,
             {"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
         )

@@ -20,6 +20,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.actions import Action
+
 from ..models import (
     Attempt,
     Run,
@@ -189,7 +191,7 @@ def claim_run(run_id: int) -> Run | None:
             Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
         record_event(
             run,
-            "run.resumed" if resumed else "run.started",
+            Action.RUN_RESUMED if resumed else Action.RUN_STARTED,
             run,
             {
                 "delivery": run.deliveries,

@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from audit.actions import Action
 from audit.services import run_chain_seal
 
 from ..hashing import content_hash
@@ -55,7 +56,7 @@ def finish_run(run: Run, root: Decision) -> None:
                 input_tokens=judged.input_tokens,
                 output_tokens=judged.output_tokens,
             )
-            record_event(run, "score.judged", run, judged.audit_payload())
+            record_event(run, Action.SCORE_JUDGED, run, judged.audit_payload())
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.SUCCEEDED,
             final_answer=final,
@@ -72,7 +73,7 @@ def finish_run(run: Run, root: Decision) -> None:
         totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
         record_event(
             run,
-            "run.succeeded",
+            Action.RUN_SUCCEEDED,
             run,
             {
                 "final_step_id": last.pk,
@@ -100,7 +101,7 @@ def fail_run(run: Run, message: str, stop_reason: str) -> None:
             )
         record_event(
             run,
-            "run.failed",
+            Action.RUN_FAILED,
             run,
             {"error": message, "stop_reason": stop_reason},
         )
@@ -124,11 +125,11 @@ def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
         if step.status == StepStatus.PENDING:
             step.status = StepStatus.SKIPPED
             step.note = f"not run: {reason}"
-            action = "step.skipped"
+            action = Action.STEP_SKIPPED
         else:
             step.status = StepStatus.FAILED
             step.error = f"interrupted: {reason}"
-            action = "step.failed"
+            action = Action.STEP_FAILED
         step.finished_at = now
         step.save(update_fields=["status", "note", "error", "finished_at"])
         record_event(
@@ -139,8 +140,8 @@ def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
                 "index": step.index,
                 "depth": step.depth,
                 "worker": step.worker_slug,
-                "error": step.error if action == "step.failed" else "",
-                "note": step.note if action == "step.skipped" else "",
+                "error": step.error if action == Action.STEP_FAILED else "",
+                "note": step.note if action == Action.STEP_SKIPPED else "",
                 "settled_with_run": True,
             },
         )

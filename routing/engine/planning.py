@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from audit import policies
+from audit.actions import Action
 
 from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
 from ..models import (
@@ -200,7 +201,7 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
             with transaction.atomic():
                 record_event(
                     run,
-                    "conductor.call_failed",
+                    Action.CONDUCTOR_CALL_FAILED,
                     run,
                     {
                         "attempt": made,
@@ -279,7 +280,9 @@ def _record_decision(
             )
         record_event(
             run,
-            "plan.emitted" if plan is not None else ("plan.blocked" if blocked_by else "plan.rejected"),
+            Action.PLAN_EMITTED
+            if plan is not None
+            else (Action.PLAN_BLOCKED if blocked_by else Action.PLAN_REJECTED),
             decision,
             {
                 "backend": backend,

@@ -7,6 +7,8 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
+from audit.actions import Action
+
 from ..hashing import content_hash
 from ..models import (
     CONDUCTOR_SLUG,
@@ -70,7 +72,7 @@ def _step_answered(run: Run, step: Step, *, response: str, note: str) -> None:
         )
         record_event(
             run,
-            "step.succeeded",
+            Action.STEP_SUCCEEDED,
             step,
             {
                 "index": step.index,

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
+from audit.actions import Action
+
 from ..hashing import content_hash
 from ..models import (
     Decision,
@@ -81,7 +83,7 @@ def start_step(run: Run, step_id: int) -> Step | None:
         Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
         record_event(
             run,
-            "step.started",
+            Action.STEP_STARTED,
             step,
             {
                 "index": step.index,

@@ -61,7 +61,7 @@ def test_run_events_go_to_the_run_chain_human_actions_to_global_and_every_hash_r
         == 302
     )
     with transaction.atomic():
-        event_record(actor=Actor.for_user(ann), action="note.added", obj=ann, payload={"text": "checked"})
+        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"text": "checked"})
     legal_hold_place(task=run.task, actor=Actor.for_user(ann), reason="inquiry 7")
 
     run_chain = f"run:{run.correlation_id}"
@@ -78,7 +78,7 @@ def test_run_events_go_to_the_run_chain_human_actions_to_global_and_every_hash_r
 
     global_events = assert_chain_sound(GLOBAL_CHAIN)
     human = [e for e in global_events if e.actor_type == AuditEvent.ActorType.USER]
-    assert [e.action for e in human] == ["auth.login", "note.added", "legalhold.placed"]
+    assert [e.action for e in human] == ["auth.login", "audit.exported", "legalhold.placed"]
     assert all(e.actor_name == "ann" and e.actor_id == str(ann.pk) for e in human)
     assert not AuditEvent.objects.filter(actor_type="user").exclude(chain=GLOBAL_CHAIN).exists()
     # Only these two chains exist, and each is sound.
@@ -122,7 +122,7 @@ def test_a_finished_run_chain_is_sealed_into_the_global_chain_and_refuses_more_e
             actor_type="service",
             actor_id="",
             actor_name="late",
-            action="x",
+            action="step.started",
             object_type="run",
             object_id=str(run.pk),
             task_id=None,
@@ -138,7 +138,7 @@ def test_an_event_outside_the_transaction_of_its_change_is_refused(make_user):
     user = make_user("ann")
     count = AuditEvent.objects.count()
     with pytest.raises(RuntimeError, match="inside the transaction"):
-        event_record(actor=Actor.for_user(user), action="note.added", obj=user)
+        event_record(actor=Actor.for_user(user), action="audit.exported", obj=user)
     assert AuditEvent.objects.count() == count
 
 
@@ -150,9 +150,9 @@ def some_record(db, audit_files, make_user):
     ann = make_user("ann", "auditor")
     for i in range(3):
         with transaction.atomic():
-            event_record(actor=Actor.for_user(ann), action="note.added", obj=ann, payload={"i": i})
+            event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"i": i})
     checkpoint = checkpoint_create()
-    return AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action="note.added").first(), checkpoint
+    return AuditEvent.objects.filter(chain=GLOBAL_CHAIN, action="audit.exported").first(), checkpoint
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_the_orm_cannot_change_the_record_either(some_record):
         event.delete()
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         Checkpoint.objects.all().delete()
-    assert AuditEvent.objects.get(pk=event.pk).action == "note.added"
+    assert AuditEvent.objects.get(pk=event.pk).action == "audit.exported"
 
 
 @transactional
@@ -479,8 +479,17 @@ def test_a_checkpoint_taken_while_the_global_chain_is_still_empty_verifies(db, a
     assert checkpoint.body["heads"] == {GLOBAL_CHAIN: [0, GENESIS]}
     ann = make_user("ann", "auditor")
     with transaction.atomic():
-        event_record(actor=Actor.for_user(ann), action="note.added", obj=ann)
+        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann)
 
     report = verify()
     assert report.intact, report.summary()
     assert report.checkpoint_id == checkpoint.pk
+
+
+@pytest.mark.django_db
+def test_an_action_not_declared_in_the_one_list_is_refused_and_nothing_is_written(make_user):
+    user = make_user("ann")
+    before = AuditEvent.objects.count()
+    with pytest.raises(ValueError, match="declare it in audit.actions.Action"), transaction.atomic():
+        event_record(actor=Actor.for_user(user), action="note.added", obj=user)
+    assert AuditEvent.objects.count() == before

@@ -75,7 +75,7 @@ def test_the_event_export_neutralises_hostile_actor_names(audit_files, make_user
         for name in HOSTILE[1:]:
             event_record(
                 actor=Actor(type="user", id="", name=name),
-                action="note.added",
+                action="audit.exported",
                 obj=target,
                 payload={"text": name},
             )

@@ -46,7 +46,7 @@ def record(db, audit_files, make_user):
     with transaction.atomic():
         event_record(
             actor=Actor.for_user(ops),
-            action="note.added",
+            action="record.viewed",
             obj=tasks[0],
             task_id=tasks[0].pk,
             payload={"text": 'quotes " and, commas\nand a newline'},

@@ -12,7 +12,7 @@ from routing.services import conductor_active
 @pytest.mark.django_db
 def test_a_locked_down_role_may_insert_but_not_update_delete_or_truncate_audit_rows():
     with transaction.atomic():
-        event_record(actor=Actor.service("test"), action="note.added", obj=conductor_active())
+        event_record(actor=Actor.service("test"), action="audit.exported", obj=conductor_active())
     event_id = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first()
     with connection.cursor() as cursor:
         cursor.execute("CREATE ROLE conductor_app_test NOLOGIN")

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from audit import user_events
+from audit.actions import Action
 from audit.models import Role
 from audit.roles import token_create, user_set_roles
 from audit.services import Actor, event_record
@@ -83,7 +84,7 @@ class Command(BaseCommand):
             wanted = set(o["roles"])
             event_record(
                 actor=ACTOR,
-                action="user.roles_set",
+                action=Action.USER_ROLES_SET,
                 obj=user,
                 payload={
                     "roles": sorted(wanted),
