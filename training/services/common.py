@@ -1,0 +1,58 @@
+"""What the training services share: their error, their limits, the guards every start goes through."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import connection
+
+from routing.errors import ServiceError
+from routing.models import RunStatus
+
+from .. import limits
+
+MAX_ITEMS = 5000
+
+
+TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
+
+
+MAX_K = 64
+
+
+MAX_TEMPERATURE = 5.0
+
+
+QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per user at a time
+
+
+FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+class TrainingError(ServiceError):
+    """The request cannot be carried out; the message says why."""
+
+
+def check_or_refuse(check: Any, *args: Any) -> Any:
+    """Run a check of routing.limits / training.limits; its refusal becomes a TrainingError."""
+    try:
+        return check(*args)
+    except ValidationError as exc:
+        raise TrainingError(" ".join(exc.messages)) from exc
+
+
+def queued_runs_guard(user: Any, runs: int) -> None:
+    """Inside the start's transaction: the user's queued offline runs plus `runs` against
+    CONDUCTOR_MAX_QUEUED_RUNS_PER_USER, counted under a per-user lock (two starts at once cannot
+    both squeeze under the cap)."""
+    if getattr(user, "is_authenticated", False):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [QUEUED_RUNS_LOCK_NAMESPACE, str(user.pk)]
+            )
+    check_or_refuse(limits.queued_runs_check, user, runs)
+
+
+def user_of(user: Any) -> Any:
+    return user if getattr(user, "is_authenticated", False) else None

@@ -1,0 +1,153 @@
+"""Conductor versions: promotion, rollback, shadow mode (an LLM version's adapter loaded first)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from audit.actions import Action
+from audit.models import AuditEvent
+from audit.services import Actor, event_record
+from routing.models import ConductorVersion
+from routing.secrets import redact
+from routing.services import conductor_activate
+
+from .common import TrainingError
+
+
+def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
+    """For an LLM conductor with an adapter: load it into the vLLM server (POST /v1/load_lora_adapter)."""
+    import httpx
+
+    config = version.config
+    if version.backend != ConductorVersion.Backend.LLM or not config.get("lora_path"):
+        return None
+    base = str(config.get("api_base") or "").rstrip("/")
+    if not base:
+        raise TrainingError(f"{version.name} has a LoRA adapter but no api_base to load it into")
+    url = (base if base.endswith("/v1") else base + "/v1") + "/load_lora_adapter"
+    body = {"lora_name": config.get("lora_name") or version.name, "lora_path": config["lora_path"]}
+    try:
+        response = httpx.post(url, json=body, timeout=settings.CONDUCTOR_PROVIDER_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise TrainingError(redact(f"could not reach the vLLM server at {url}: {exc}")) from exc
+    if response.status_code >= 400 and "already been loaded" not in response.text:  # its text is the server's
+        raise TrainingError(
+            redact(f"vLLM refused the adapter ({response.status_code}): {response.text[:300]}")
+        )
+    return {"url": url, **body, "status": response.status_code}
+
+
+def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] | None:
+    """Load the adapter of a version about to become active; a refusal is recorded, and nothing changes."""
+    try:
+        return _lora_load(version)
+    except TrainingError as exc:
+        with transaction.atomic():
+            event_record(
+                actor=actor,
+                action=Action.CONDUCTOR_PROMOTION_FAILED,
+                obj=version,
+                payload={"error": str(exc)},
+            )
+        raise
+
+
+def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
+    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any)."""
+    if version.is_active:
+        raise TrainingError(f"{version.name} is already the active conductor")
+    loaded = _activation_load(version, actor)
+    try:
+        return _promote(version, actor, loaded)
+    except IntegrityError as exc:  # another promotion or a shadow change got there first
+        raise TrainingError(f"{version.name} changed while being promoted; try again") from exc
+
+
+def _promote(version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | None) -> ConductorVersion:
+    with transaction.atomic():
+        previous = ConductorVersion.objects.filter(is_active=True).first()
+        _leave_shadow(version, actor)
+        event_record(
+            actor=actor,
+            action=Action.CONDUCTOR_PROMOTED,
+            obj=version,
+            payload={
+                "name": version.name,
+                "previous": previous.name if previous else None,
+                "adapter": loaded,
+            },
+        )
+        return conductor_activate(version=version, actor=actor)
+
+
+def conductor_rollback(*, actor: Actor) -> ConductorVersion:
+    """Re-activate the version that was active before the current one (read from the audit record)."""
+    current = ConductorVersion.objects.filter(is_active=True).first()
+    if current is None:
+        raise TrainingError("no conductor is active: nothing to roll back")
+    last = (
+        AuditEvent.objects.filter(
+            action=Action.CONDUCTOR_ACTIVATED, object_type="conductorversion", object_id=str(current.pk)
+        )
+        .order_by("-id")
+        .first()
+    )
+    previous_name = (last.payload or {}).get("previous") if last else None
+    previous = ConductorVersion.objects.filter(name=previous_name).first() if previous_name else None
+    if previous is None:
+        raise TrainingError(f"no earlier conductor to roll back to from {current.name}")
+    _activation_load(previous, actor)  # vLLM may have restarted since it last served this adapter
+    with transaction.atomic():
+        _leave_shadow(previous, actor)
+        event_record(
+            actor=actor,
+            action=Action.CONDUCTOR_ROLLED_BACK,
+            obj=previous,
+            payload={"from": current.name, "to": previous.name},
+        )
+        return conductor_activate(version=previous, actor=actor)
+
+
+def _leave_shadow(version: ConductorVersion, actor: Actor) -> None:
+    """A version about to become active stops shadowing (recorded: shadow mode really ends)."""
+    if ConductorVersion.objects.filter(pk=version.pk, is_shadow=True).update(is_shadow=False):
+        event_record(
+            actor=actor,
+            action=Action.CONDUCTOR_SHADOW_CLEARED,
+            obj=version,
+            payload={"shadow": None, "previous": version.name, "reason": "activated"},
+        )
+
+
+def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
+    """`version` plans every new live task alongside the active one, without affecting it; None: stop."""
+    if version is not None and version.is_active:
+        raise TrainingError(f"{version.name} is the active conductor; shadow a candidate instead")
+    loaded = _lora_load(version) if version is not None else None  # a shadow LLM needs its adapter served
+    try:
+        _shadow_switch(version, actor, loaded)
+    except IntegrityError as exc:  # the version was promoted meanwhile
+        raise TrainingError("the conductors changed meanwhile; reload and try again") from exc
+
+
+def _shadow_switch(version: ConductorVersion | None, actor: Actor, loaded: dict[str, Any] | None) -> None:
+    with transaction.atomic():
+        previous = ConductorVersion.objects.select_for_update().filter(is_shadow=True).first()
+        if version is None and previous is None:
+            return  # nothing shadows: nothing to clear
+        ConductorVersion.objects.filter(is_shadow=True).update(is_shadow=False)
+        if version is not None:
+            ConductorVersion.objects.filter(pk=version.pk).update(is_shadow=True)
+        event_record(
+            actor=actor,
+            action=Action.CONDUCTOR_SHADOW_SET if version else Action.CONDUCTOR_SHADOW_CLEARED,
+            obj=version or previous,
+            payload={
+                "shadow": version.name if version else None,
+                "previous": previous.name if previous else None,
+                "adapter": loaded,
+            },
+        )
