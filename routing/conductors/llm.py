@@ -1,7 +1,6 @@
-"""Conductors: given a task and the pool, write a workflow. One interface, several backends.
-
-A conductor only proposes text; the engine parses and validates it (routing.plans) the same way
-whatever the backend, so a rule-based plan and a model's plan are held to one standard.
+"""The LLM conductor: a model behind the OpenAI protocol (vLLM, any provider litellm speaks) writes the
+workflow. Its prompt is built here and only here (`LLMConductor.messages`): the engine's plans and
+training's GRPO prompts both go through it.
 """
 
 from __future__ import annotations
@@ -10,162 +9,12 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
-from .models import CONDUCTOR_SLUG, ConductorVersion, Worker
-from .plans import MAX_STEPS, workflow_schema
-from .providers import complete, endpoint_api_key
-
-
-@dataclass(frozen=True)
-class WorkerCard:
-    slug: str
-    vendor: str
-    description: str
-    input_usd_per_mtok: Decimal
-    output_usd_per_mtok: Decimal
-
-    @classmethod
-    def of(cls, worker: Worker) -> WorkerCard:
-        return cls(
-            worker.slug,
-            worker.vendor,
-            worker.description,
-            worker.input_usd_per_mtok,
-            worker.output_usd_per_mtok,
-        )
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    task_text: str
-    domain: str
-    workers: list[WorkerCard]
-    max_steps: int
-    may_recurse: bool
-    feedback: str = ""  # why the previous proposal was rejected
-    parent_plan: dict[str, Any] | None = None  # set for a recursive (inner) call
-    last_response: str = ""
-    visible_responses: tuple[str, ...] = ()  # inner call: responses of the steps the conductor step may see
-    temperature: float | None = None  # set for rollouts: sample the plan at this temperature
-    seed: int | None = None  # makes a sampled plan reproducible
-
-    @property
-    def is_inner(self) -> bool:
-        return self.parent_plan is not None
-
-    @property
-    def allowed_slugs(self) -> list[str]:
-        slugs = [w.slug for w in self.workers]
-        return slugs + [CONDUCTOR_SLUG] if self.may_recurse else slugs
-
-
-@dataclass
-class Proposal:
-    raw_output: str
-    prompt: list[dict[str, Any]] = field(default_factory=list)
-    alternatives: list[dict[str, Any]] = field(default_factory=list)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: Decimal = Decimal("0")
-    latency_ms: int = 0
-
-
-class ConductorUnavailable(Exception):
-    """The conductor could not be asked (endpoint down after retries); not a plan error."""
-
-
-class Conductor(Protocol):
-    def propose(self, request: PlanRequest) -> Proposal: ...
-
-
-# --- static rules -------------------------------------------------------------------------------
-
-DEFAULT_STATIC_RULES: dict[str, Any] = {
-    # Rules are tried in order; the first whose workers are all allowed and whose condition holds wins.
-    # "{task}" in an instruction is replaced by the task text.
-    "rules": [
-        {
-            "name": "hard-math-cross-check",
-            "when": {"domain": ["math-l5"]},
-            "steps": [
-                {"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []},
-                {"worker": "gemini-1.5-flash", "instruction": "{task}", "access": []},
-                {
-                    "worker": "gpt-4o-2024-08-06",
-                    "instruction": "Two solvers answered the problem below. Check their work and give the correct "
-                    "final answer.\n\n{task}",
-                    "access": "all",
-                },
-            ],
-        },
-        {
-            "name": "code-reasoning",
-            "when": {"domain": ["cruxeval-o"]},
-            "steps": [{"worker": "gpt-4o-2024-08-06", "instruction": "{task}", "access": []}],
-        },
-        {
-            "name": "default-cheap",
-            "when": {},
-            "steps": [{"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []}],
-        },
-    ]
-}
-
-
-class StaticConductor:
-    """Hand-written rules: the baseline every learned conductor is compared with."""
-
-    def __init__(self, config: dict[str, Any]):
-        self.rules = config.get("rules") or DEFAULT_STATIC_RULES["rules"]
-
-    def _matches(self, rule: dict[str, Any], request: PlanRequest) -> bool:
-        when = rule.get("when") or {}
-        if "domain" in when and request.domain not in when["domain"]:
-            return False
-        if "min_chars" in when and len(request.task_text) < when["min_chars"]:
-            return False
-        allowed = set(request.allowed_slugs)
-        return (
-            all(step["worker"] in allowed for step in rule["steps"])
-            and len(rule["steps"]) <= request.max_steps
-        )
-
-    def propose(self, request: PlanRequest) -> Proposal:
-        started = time.monotonic()
-        if request.is_inner:
-            plan: dict[str, Any] = {
-                "thought": "static rules never expand a step; pass the response through",
-                "steps": [],
-            }
-        else:
-            rule = next((r for r in self.rules if self._matches(r, request)), None)
-            if rule is None:
-                cheapest = min(
-                    request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok, default=None
-                )
-                steps = (
-                    []
-                    if cheapest is None
-                    else [{"worker": cheapest.slug, "instruction": "{task}", "access": []}]
-                )
-                plan = {
-                    "thought": "no rule matched the allowed pool; cheapest allowed worker",
-                    "steps": steps,
-                }
-            else:
-                plan = {"thought": f"rule {rule['name']}", "steps": rule["steps"]}
-            plan["steps"] = [
-                {**s, "instruction": s["instruction"].replace("{task}", request.task_text)}
-                for s in plan["steps"]
-            ]
-        return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
-
-
-# --- LLM conductor (vLLM in production, any OpenAI-compatible endpoint) -------------------------
+from ..plans import workflow_schema
+from ..providers import complete, endpoint_api_key
+from .base import PlanRequest, Proposal
 
 SYSTEM_PROMPT = """You are the conductor of a team of language models. Read the task and write a short \
 workflow: which worker gets which subtask, and which earlier results each step may see.
@@ -184,10 +33,12 @@ Workers (USD per 1M input / output tokens):
 {workers}
 """
 
+
 RECURSION_RULE = (
     '- "conductor" is you: a step given to "conductor" lets you look at the results so far and plan more '
     "steps, or pass the last response through.\n"
 )
+
 
 FEW_SHOT = [
     {
@@ -341,34 +192,3 @@ def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]
             result.append({"step": len(result), "candidates": candidates})
         text += token
     return result
-
-
-# Conductor backends by ConductorVersion.backend. Apps above routing add theirs (training registers the
-# learned policy in its AppConfig.ready), so routing never imports them.
-_BACKENDS: dict[str, Callable[[dict[str, Any]], Conductor]] = {
-    ConductorVersion.Backend.STATIC: StaticConductor,
-    ConductorVersion.Backend.LLM: LLMConductor,
-}
-
-
-def backend_register(backend: str, factory: Callable[[dict[str, Any]], Conductor]) -> None:
-    """Make `conductor_for` build versions of this backend with `factory(config)`."""
-    _BACKENDS[backend] = factory
-
-
-def conductor_for(version: ConductorVersion) -> Conductor:
-    factory = _BACKENDS.get(version.backend)
-    if factory is None:
-        raise ValueError(f"conductor backend {version.backend!r} is not available")
-    return factory(version.config)
-
-
-__all__ = [
-    "MAX_STEPS",
-    "Conductor",
-    "ConductorUnavailable",
-    "PlanRequest",
-    "Proposal",
-    "backend_register",
-    "conductor_for",
-]
