@@ -20,6 +20,9 @@ score each (correct, minus a cost penalty), and push up the log-probability of e
 proportion to its group-relative advantage (reward minus the group mean).
 Rollouts here are evaluated offline from recorded outcomes of real models (the replay pool); the
 same policy plans live tasks through the engine.
+
+Why one module of about 420 lines: features, actions, the model, simulation and GRPO are one
+algorithm whose parts change together (a new feature set is versioned with the policy file it loads).
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 Every change goes through training.services (one transaction and an audit event each); these views
 check the role and the form, call the service and redirect. Auditors may read the pages.
+
+Why one module of about 480 lines: the pages share one home page with every form on it (a refused
+form re-renders that page with its errors), so they share its context builder; split by object they
+would import each other. The work itself is in the services package.
 """
 
 from __future__ import annotations
