@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from uuid import UUID
 
 from django.utils import timezone
@@ -94,10 +94,10 @@ def moment(params: Mapping[str, str], name: str, *, end: bool = False) -> dateti
     if not isinstance(parsed, datetime):
         parsed = datetime.combine(parsed, time.max if end else time.min)
     if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, timezone.utc)
+        parsed = timezone.make_aware(parsed, UTC)
     try:
         parsed.utcoffset()
-        parsed.astimezone(timezone.utc)  # an offset that puts it out of range (year 1 or 9999)
+        parsed.astimezone(UTC)  # an offset that puts it out of range (year 1 or 9999)
     except (OverflowError, ValueError) as exc:
         raise InvalidParameter(name, f"{value!r} is out of range") from exc
     return parsed

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
@@ -23,19 +24,24 @@ def task_list(request: HttpRequest) -> HttpResponse:
     classification = params.choice(request.GET, "classification", DataClass.values) or None
     search = params.text(request.GET, "q") or None
     before = params.moment(request.GET, "before")
+    before_id = params.uuid(request.GET, "before_id")
     qs = selectors.task_list(status=status, classification=classification, search=search).order_by(
         "-created_at", "-id"
     )
     if before is not None:
-        qs = qs.filter(created_at__lt=before)  # keyset pagination on the created_at index
+        # Keyset pagination on (created_at, id), the list's order: a task created at the same moment
+        # as the last one shown is on the next page, not skipped.
+        older = Q(created_at__lt=before)
+        qs = qs.filter(older | Q(created_at=before, id__lt=before_id) if before_id else older)
     tasks = list(qs[: PAGE_SIZE + 1])
-    next_before = tasks[PAGE_SIZE - 1].created_at.isoformat() if len(tasks) > PAGE_SIZE else None
+    last = tasks[PAGE_SIZE - 1] if len(tasks) > PAGE_SIZE else None
     return render(
         request,
         "routing/task_list.html",
         {
             "tasks": tasks[:PAGE_SIZE],
-            "next_before": next_before,
+            "next_before": last.created_at.isoformat() if last else None,
+            "next_before_id": str(last.pk) if last else "",
             "statuses": RunStatus.choices,
             "classes": DataClass.choices,
             "filters": {"status": status or "", "classification": classification or "", "q": search or ""},

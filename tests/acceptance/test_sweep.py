@@ -119,6 +119,7 @@ PARAM_KINDS: dict[str, str] = {
     "object_type": "text",
     "vendor": "text",
     "task": "uuid",
+    "before_id": "uuid",  # the task list's keyset: the last task shown
     "minutes": "int",
     "after": "int",
     "page_size": "int",
@@ -145,6 +146,13 @@ HOSTILE: dict[str, list[str]] = {
     "uuid": ["not-a-uuid", "zz" * 18],
 }
 NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
+# Values a route must accept (200): every valid date used to answer 500.
+VALID: dict[str, list[str]] = {
+    "date": ["2026-01-01", "2026-01-01T10:00", "2026-01-01T10:00:00+02:00"],
+    "int": ["5"],
+    "text": ["a"],
+    "uuid": ["00000000-0000-4000-8000-000000000000"],
+}
 
 
 # --- Users ----------------------------------------------------------------------------------------
@@ -373,6 +381,10 @@ def test_hostile_query_strings_are_refused_with_a_reason(route, record, identiti
             else:
                 assert response.status_code == 400, where
                 assert name.encode() in body, f"{path}?{name}=...: the 400 does not name the parameter"
+        for value in VALID.get(kind, []):
+            response = client.get(f"{path}?{_query(name, value)}")
+            read(response)
+            assert response.status_code == 200, f"{path}?{name}={value!r}: {response.status_code}"
 
 
 LONG_ID = "9" * 30

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -166,6 +167,29 @@ def test_the_task_list_shows_tasks_and_filters_them(client):
 
     none = page(client, "/?status=failed")
     assert "No tasks match these filters." in none
+
+
+def test_the_older_tasks_link_skips_no_task_created_at_the_same_moment_as_the_last_shown(client):
+    from django.utils import timezone
+
+    from routing.views import PAGE_SIZE
+
+    tasks = [submit(f"Task number {i}") for i in range(PAGE_SIZE + 3)]
+    # Every task at one moment: the page boundary falls between tasks with equal created_at.
+    Task.objects.filter(pk__in=[t.pk for t in tasks]).update(created_at=timezone.now())
+    seen: list[str] = []
+    url = "/"
+    for _ in range(3):
+        response = client.get(url)
+        assert response.status_code == 200
+        seen += [str(t.pk) for t in response.context["tasks"]]
+        if not response.context["next_before"]:
+            break
+        url = "/?" + urlencode(
+            {"before": response.context["next_before"], "before_id": response.context["next_before_id"]}
+        )
+    assert sorted(seen) == sorted(str(t.pk) for t in tasks)  # each once, none skipped
+    assert len(seen) == len(set(seen))
 
 
 # --- submit form ------------------------------------------------------------------------------
