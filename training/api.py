@@ -198,7 +198,7 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
         return RolloutBatchOutput if self.action == "list" else RolloutBatchDetailOutput
 
     def _detail(self, batch: RolloutBatch, **kwargs: Any) -> Response:
-        counts = services.rollout_batch_refresh(batch)  # finishes the batch once every run has ended
+        counts = services.rollout_batch_counts(batch)  # reads only: the batch finishes when its last run ends
         return Response(RolloutBatchDetailOutput(batch, context={"counts": counts}).data, **kwargs)
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -253,8 +253,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         evaluation = self.get_object()
         if evaluation.status not in FINISHED:
-            services.evaluation_refresh(evaluation)  # the results so far; finishes it once all runs ended
-            evaluation = self.get_queryset().get(pk=evaluation.pk)
+            evaluation.results = services.evaluation_summary(evaluation)  # so far; reads only
         return Response(EvaluationOutput(evaluation).data)
 
     @extend_schema(

@@ -25,3 +25,26 @@ def settle_item_task(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
     Task.objects.filter(pk=run.task_id, source=Task.Source.TRAINING).exclude(Exists(unfinished)).update(
         status=RunStatus.SUCCEEDED, finished_at=now
     )
+
+
+@receiver(run_finished, sender=Run, dispatch_uid="training.settle_batch_or_evaluation")
+def settle_batch_or_evaluation(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
+    """A rollout batch or an evaluation finishes (audited) when its last run ends, in that run's
+    transaction: no page has to write to show it finished."""
+    from .models import Evaluation, EvaluationRun, Rollout, RolloutBatch
+    from .services import evaluation_refresh, rollout_batch_refresh
+
+    # The batch's (evaluation's) row is locked before its runs are counted: two of its runs ending at
+    # once each see the other finished, in turn, so the later one settles it.
+    finished = [RunStatus.SUCCEEDED, RunStatus.FAILED]
+    if run.kind == Run.Kind.ROLLOUT:
+        batch_id = Rollout.objects.filter(run=run).values_list("batch_id", flat=True).first()
+        batch = RolloutBatch.objects.select_for_update().filter(pk=batch_id).first()
+        if batch and not Run.objects.filter(rollout__batch=batch).exclude(status__in=finished).exists():
+            rollout_batch_refresh(batch)
+    elif run.kind == Run.Kind.EVALUATION:
+        evaluation_id = EvaluationRun.objects.filter(run=run).values_list("evaluation_id", flat=True).first()
+        evaluation = Evaluation.objects.select_for_update().filter(pk=evaluation_id).first()
+        unfinished = Run.objects.filter(evaluation_run__evaluation=evaluation).exclude(status__in=finished)
+        if evaluation and not unfinished.exists():
+            evaluation_refresh(evaluation)

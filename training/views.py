@@ -49,10 +49,6 @@ def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
     """The training overview, with the three launch forms (bound ones carry their errors), and the
     preview a "Preview" button asked for (rollouts_preview, evaluate_preview)."""
     conductor_active()  # the static baseline exists from the first look on
-    for batch in RolloutBatch.objects.filter(status=JobStatus.RUNNING)[:LIST_SIZE]:
-        services.rollout_batch_refresh(batch)  # finished batches show as such without waiting for beat
-    for evaluation in Evaluation.objects.filter(status=JobStatus.RUNNING)[:LIST_SIZE]:
-        services.evaluation_refresh(evaluation)
     context = {
         "versions": ConductorVersion.objects.order_by("-created_at"),
         "jobs": TrainingJob.objects.select_related("dataset", "candidate")[:LIST_SIZE],
@@ -215,8 +211,9 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         Evaluation.objects.select_related("candidate", "baseline"), pk=evaluation_id
     )
     if evaluation.status == JobStatus.RUNNING:
-        # The results so far (as the API and the training page do), not those of the last beat.
-        evaluation = services.evaluation_refresh(evaluation)
+        # The results so far, computed for this page (reads only: the evaluation finishes when its last
+        # run ends).
+        evaluation.results = services.evaluation_summary(evaluation)
     results = evaluation.results or {}
     sides = []
     for side, version in (("candidate", evaluation.candidate), ("baseline", evaluation.baseline)):

@@ -58,6 +58,8 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     assert [r.kind for r in runs] == [Run.Kind.ROLLOUT] * 3
     assert [r.score for r in runs[:2]] == [1.0, 0.0] and runs[2].stop_reason == "invalid_plan"
     assert Decision.objects.get(run=runs[0]).backend == "given"
+    batch.refresh_from_db()
+    assert batch.status == JobStatus.SUCCEEDED  # when its last run ended, read by no page, no beat
     assert rollout_batch_refresh(batch) == {"runs": 3, "finished": 3, "failed": 1}
     task.refresh_from_db()
     assert task.status == RunStatus.SUCCEEDED  # a training item's task settles when its last run ends

@@ -8,14 +8,16 @@ import re
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from audit.models import Role
+from audit.models import AuditEvent, Role
 from audit.services import Actor
-from routing.models import ConductorVersion, RunStatus
+from routing.models import ConductorVersion, Run, RunStatus
 from routing.services import conductor_active
+from routing.signals import run_finished
 from training import services
 from training.models import Dataset, EvaluationRun, JobStatus, TrainingJob
 
@@ -90,8 +92,15 @@ def test_a_running_evaluation_shows_n_as_the_items_scored_so_far(ml, replay_pool
         "baseline": (2, total, 0.5),
     }
 
-    # Every run ended: n is the total, and the evaluation has finished.
+    # Reading wrote nothing: the evaluation finishes when its last run ends, not when a page is read.
+    evaluation.refresh_from_db()
+    assert evaluation.status == JobStatus.RUNNING and not evaluation.results
+    assert not AuditEvent.objects.filter(action="evaluation.finished").exists()
+
+    # Every run ended (the engine announces the last one's end): n is the total, and it has finished.
     finish(by_side["candidate"][3:] + by_side["baseline"][2:], 0.0)
+    with transaction.atomic():
+        run_finished.send(sender=Run, run=by_side["baseline"][-1].run, now=timezone.now())
     response = ml.get(reverse("training:evaluation", args=[evaluation.pk]))
     html = response.content.decode()
     assert row_cells(html, "candidate") == {"n": str(total), "done": f"{total} of {total} done"}

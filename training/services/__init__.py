@@ -33,7 +33,7 @@ from .jobs import (
     job_options,
     job_start,
 )
-from .rollouts import rollout_batch_refresh, rollouts_estimate, rollouts_start
+from .rollouts import rollout_batch_counts, rollout_batch_refresh, rollouts_estimate, rollouts_start
 from .versions import conductor_promote, conductor_rollback, shadow_set
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "queued_runs_guard",
     "replay_item_ids",
     "replay_items",
+    "rollout_batch_counts",
     "rollout_batch_refresh",
     "rollouts_estimate",
     "rollouts_start",

@@ -89,14 +89,20 @@ def rollouts_start(
     return batch
 
 
-def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
-    """Counts of the batch's runs; marks the batch finished (audited) once every run has ended."""
+def rollout_batch_counts(batch: RolloutBatch) -> dict[str, int]:
+    """Counts of the batch's runs (reads only: what pages and the API show)."""
     runs = Run.objects.filter(rollout__batch=batch)
-    counts = {
+    return {
         "runs": runs.count(),
         "finished": runs.filter(status__in=FINISHED_RUN).count(),
         "failed": runs.filter(status=RunStatus.FAILED).count(),
     }
+
+
+def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
+    """Counts of the batch's runs; marks the batch finished (audited) once every run has ended. Called
+    when a batch's last run ends (training.receivers) and by beat's settle, never by a page."""
+    counts = rollout_batch_counts(batch)
     if batch.status == JobStatus.RUNNING and counts["finished"] == counts["runs"]:
         with transaction.atomic():
             updated = RolloutBatch.objects.filter(pk=batch.pk, status=JobStatus.RUNNING).update(
