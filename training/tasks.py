@@ -349,8 +349,8 @@ class EngineReward:
 
 @shared_task(name="training.tasks.settle")
 def settle() -> dict[str, int]:
-    """Mark finished rollout batches and evaluations (also done whenever their pages are read), and queue
-    again the training jobs whose process died."""
+    """The backstop: mark finished rollout batches and evaluations (done when their last run ends, by
+    training.receivers), and queue again the training jobs whose process died."""
     from .services import evaluation_refresh, rollout_batch_refresh
 
     requeued = 0
