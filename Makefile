@@ -32,6 +32,7 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 test: install-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -39,12 +39,14 @@ def settle_batch_or_evaluation(sender: Any, *, run: Run, now: Any, **kwargs: Any
     finished = [RunStatus.SUCCEEDED, RunStatus.FAILED]
     if run.kind == Run.Kind.ROLLOUT:
         batch_id = Rollout.objects.filter(run=run).values_list("batch_id", flat=True).first()
-        batch = RolloutBatch.objects.select_for_update().filter(pk=batch_id).first()
+        batch = RolloutBatch.objects.select_for_update().filter(pk=batch_id).first() if batch_id else None
         if batch and not Run.objects.filter(rollout__batch=batch).exclude(status__in=finished).exists():
             rollout_batch_refresh(batch)
     elif run.kind == Run.Kind.EVALUATION:
         evaluation_id = EvaluationRun.objects.filter(run=run).values_list("evaluation_id", flat=True).first()
-        evaluation = Evaluation.objects.select_for_update().filter(pk=evaluation_id).first()
+        evaluation = (
+            Evaluation.objects.select_for_update().filter(pk=evaluation_id).first() if evaluation_id else None
+        )
         unfinished = Run.objects.filter(evaluation_run__evaluation=evaluation).exclude(status__in=finished)
         if evaluation and not unfinished.exists():
             evaluation_refresh(evaluation)

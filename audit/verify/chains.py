@@ -214,7 +214,7 @@ def _recorded_purges(chains: list[str] | None) -> set[str]:
         qs = qs.filter(wanted) if chains else qs.none()
     names: set[str] = set()
     for payload in qs.values_list("payload", flat=True).iterator(chunk_size=BATCH):
-        names.update(c.get("chain") for c in payload.get("chains", []) if isinstance(c, dict))
+        names.update(str(c.get("chain")) for c in payload.get("chains", []) if isinstance(c, dict))
     return names
 
 

@@ -72,7 +72,8 @@ class _Rows:
     """Rows for a temporary table, inserted a batch at a time."""
 
     def __init__(self, cursor: Any, table: str, width: int):
-        self.cursor, self.rows = cursor, []
+        self.cursor = cursor
+        self.rows: list[tuple[Any, ...]] = []
         self.sql = f"INSERT INTO {table} VALUES ({', '.join(['%s'] * width)})"  # noqa: S608 (our own temporary tables)
 
     def add(self, *row: Any) -> None:

@@ -126,6 +126,9 @@ class LLMConductor:
         messages = self.messages(request)
         schema = workflow_schema(request.allowed_slugs, max_steps=request.max_steps)
         started = time.monotonic()
+        seeded: dict[str, Any] = (
+            {"seed": request.seed} if request.temperature is not None and request.seed is not None else {}
+        )
         completion = complete(
             model=self.model,
             messages=messages,
@@ -138,9 +141,7 @@ class LLMConductor:
             response_format={"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}},
             # vLLM >= 0.12 reads structured_outputs (guided_json is ignored there).
             extra_body={"structured_outputs": {"json": schema}},
-            **(
-                {"seed": request.seed} if request.temperature is not None and request.seed is not None else {}
-            ),
+            **seeded,
         )
         latency_ms = int((time.monotonic() - started) * 1000)
         cost = (

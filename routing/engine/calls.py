@@ -119,7 +119,7 @@ def call_worker(run: Run, step: Step) -> None:
         try:
             completion = complete(
                 model=worker.litellm_model,
-                messages=step.messages_sent,
+                messages=step.messages_sent or [],
                 api_base=worker.api_base,
                 api_key=worker_api_key(worker),  # a key outside the allow-list fails this attempt, unmade
                 metadata={"replay_item": run.task.source_item, "run": str(run.correlation_id)},

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from decimal import Decimal
 from typing import Any
 
@@ -86,7 +86,8 @@ def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Conne
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as lock_conn:
-        acquired = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()[0]
+        row = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()
+        acquired = bool(row and row[0])
         try:
             yield lock_conn if acquired else None
         finally:
@@ -102,7 +103,7 @@ def advisory_lock(namespace: int, key: int) -> Iterator[bool]:
         yield lock_conn is not None
 
 
-def run_lock(run_id: int) -> Iterator[psycopg.Connection | None]:
+def run_lock(run_id: int) -> AbstractContextManager[psycopg.Connection | None]:
     """The run's lock: one process executes a run at a time. Yields the lock's connection, or None."""
     return advisory_lock_connection(ADVISORY_LOCK_NAMESPACE, run_id)
 

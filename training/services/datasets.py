@@ -270,7 +270,7 @@ def dataset_preview(dataset: Dataset, limit: int = 5) -> list[dict[str, Any]]:
     path = dataset_files(dataset).get("train.jsonl")
     if path is None:
         return []
-    groups = []
+    groups: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as fh:
         for line in fh:
             if len(groups) >= limit:

@@ -35,13 +35,17 @@ def replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
         raise TrainingError("choose at least one item")
     if len(item_ids) > MAX_ITEMS:
         raise TrainingError(f"{len(item_ids)} items; at most {MAX_ITEMS} at once")
-    found, missing = [], []
+    found: list[replay.ReplayItem] = []
+    missing: list[Any] = []
     for item_id in dict.fromkeys(item_ids):
         try:
             item = replay.find_item(item_id=item_id, texts=[])
         except replay.ReplayDataError as exc:
             raise TrainingError(str(exc)) from exc
-        (found if item is not None and item.id == item_id else missing).append(item or item_id)
+        if item is not None and item.id == item_id:
+            found.append(item)
+        else:
+            missing.append(item or item_id)
     if missing:
         raise TrainingError(f"unknown items: {', '.join(map(str, missing[:5]))}")
     return found
@@ -83,5 +87,10 @@ def offline_runs(specs: list[tuple[Task, ConductorVersion]], kind: str, **fields
         [Run(task=task, conductor_version=version, kind=kind, **fields) for task, version in specs]
     )
     ids = [run.pk for run in runs]
-    transaction.on_commit(lambda: [run_enqueue(run_id=run_id) for run_id in ids])
+
+    def enqueue() -> None:
+        for run_id in ids:
+            run_enqueue(run_id=run_id)
+
+    transaction.on_commit(enqueue)
     return runs
