@@ -24,14 +24,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import django
-
 from bench.docs import write_section
+from conductor_web.embedded import django_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
-django.setup()
+django_setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import transaction  # noqa: E402

@@ -41,10 +41,9 @@ def _setup(var_dir: Path) -> None:
     for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
         os.environ.pop(name, None)
     os.environ["CONDUCTOR_VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
-    import django
+    from conductor_web.embedded import django_setup
 
-    django.setup()
+    django_setup()
 
 
 class Faults:

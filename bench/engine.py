@@ -22,14 +22,12 @@ import time
 import uuid
 from pathlib import Path
 
-import django
-
 from bench.docs import write_section
+from conductor_web.embedded import django_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
-django.setup()
+django_setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402

@@ -2,7 +2,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from conductor_web.embedded import start_unless_set
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
+start_unless_set()
 
 django_asgi_app = get_asgi_application()
 

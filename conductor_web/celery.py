@@ -1,12 +1,23 @@
 import os
 
-from celery import Celery
+from celery import Celery, signals
+
+from conductor_web.embedded import start_unless_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
 
 app = Celery("conductor_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.celeryd_init.connect
+@signals.beat_init.connect
+def _embedded_servers(**_kwargs) -> None:
+    """`celery -A conductor_web worker` (or beat) is an entry point: with DATABASE_URL or REDIS_URL
+    unset, the embedded servers start (or are found running) before the worker connects to either.
+    Importing the app (every import of the package does) starts nothing."""
+    start_unless_set()
 
 
 def worker_command(

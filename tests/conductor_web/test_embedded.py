@@ -128,3 +128,40 @@ def test_redis_restarts_after_stop(var_dir):
     assert client.ping() is True
     client.close()
     assert redis_pid(var_dir) != first
+
+
+def run_python(var_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter on the embedded default: no DATABASE_URL or REDIS_URL, state in var_dir."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
+    env.update(CONDUCTOR_VAR_DIR=str(var_dir), DJANGO_SETTINGS_MODULE="conductor_web.settings")
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+def test_settings_start_nothing_the_entry_points_start_the_servers(var_dir):
+    """Importing the settings (a type checker, a script) starts no server; `services stop` on a folder
+    where nothing runs starts nothing either; manage.py, an entry point, starts both, and the settings
+    point at them."""
+    probe = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.DATABASE_URL); print(settings.REDIS_URL)"
+    )
+    imported = run_python(var_dir, "-c", probe)
+    assert imported.returncode == 0, imported.stderr
+    assert not (var_dir / "postgres").exists() and not (var_dir / "redis").exists()
+    assert imported.stdout.split() == [embedded.postgres_address(var_dir), embedded.redis_address(var_dir)]
+
+    stopped = run_python(var_dir, "manage.py", "services", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "nothing was running" in stopped.stdout
+    assert not (var_dir / "postgres").exists() and not (var_dir / "redis").exists()
+
+    checked = run_python(var_dir, "manage.py", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert pid_alive(postmaster_pid(var_dir)) and pid_alive(redis_pid(var_dir))
+    # The address the settings read (without starting anything) is the started server's.
+    assert embedded.postgres_address(var_dir) == embedded.postgres_url(var_dir)
+    with psycopg.connect(embedded.postgres_address(var_dir)) as conn:
+        assert conn.execute("SELECT current_database()").fetchone() == (embedded.DATABASE_NAME,)
+    assert redis.Redis.from_url(embedded.redis_address(var_dir)).ping() is True
