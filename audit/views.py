@@ -17,7 +17,9 @@ from django.utils import timezone
 from . import params, selectors
 from .actions import Action
 from .exports import checkpoint_reference, stream_csv, stream_jsonl
+from .filters import AuditEventFilter
 from .models import Role
+from .pagination import EventCursorPagination, page
 from .roles import (
     AUDIT_ROLES,
     EVERYONE,
@@ -31,31 +33,19 @@ from .services import Actor, event_record
 from .verify import verify
 
 
-def _filter(request: HttpRequest) -> selectors.EventFilter:
-    get = request.GET
-    since, until = params.period(get)
-    return selectors.EventFilter(
-        action=params.text(get, "action"),
-        actor=params.text(get, "actor"),
-        task_id=params.uuid(get, "task"),
-        object_type=params.text(get, "object_type"),
-        chain=params.text(get, "chain"),
-        q=params.text(get, "q"),
-        since=since,
-        until=until,
-    )
-
-
 @role_required(*AUDIT_ROLES)
 def event_log(request: HttpRequest) -> HttpResponse:
-    flt = _filter(request)
-    before = params.integer(request.GET, "before", minimum=1, maximum=2**63 - 1)
-    rows, next_before = selectors.event_page(flt, before=before)
-    applied = flt.as_params()
+    events = AuditEventFilter(request.GET)
+    rows, next_page = page(request, events.qs, EventCursorPagination)
     return render(
         request,
         "audit/event_log.html",
-        {"events": rows, "next_before": next_before, "filters": request.GET, "query": urlencode(applied)},
+        {
+            "events": rows,
+            "next_page": next_page,
+            "filters": request.GET,
+            "query": urlencode(events.applied()),
+        },
     )
 
 
@@ -63,9 +53,9 @@ def event_log(request: HttpRequest) -> HttpResponse:
 def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
     if fmt not in ("csv", "jsonl"):
         raise Http404("exports are .csv or .jsonl")
-    flt = _filter(request)
-    applied = flt.as_params()
-    qs = selectors.events(flt)
+    events = AuditEventFilter(request.GET)
+    applied = events.applied()
+    qs = events.qs
     with_transaction_event(request, Action.AUDIT_EXPORTED, payload={"format": fmt, "filters": applied})
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     if fmt == "csv":

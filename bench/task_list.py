@@ -29,6 +29,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from routing import replay, selectors  # noqa: E402
+from routing.filters import TaskFilter  # noqa: E402
 from routing.models import Task  # noqa: E402
 
 PAGE = 50
@@ -76,7 +77,9 @@ def main() -> None:
     total = Task.objects.count()
 
     def page(**filters):
-        return lambda: list(selectors.task_list(**filters).order_by("-created_at", "-id")[:PAGE])
+        return lambda: list(
+            TaskFilter(filters, selectors.task_list()).qs.order_by("-created_at", "-id")[:PAGE]
+        )
 
     middle = Task.objects.order_by("-created_at").values_list("created_at", flat=True)[total // 2]
     deep = lambda: list(Task.objects.filter(created_at__lt=middle).order_by("-created_at", "-id")[:PAGE])  # noqa: E731
@@ -85,8 +88,8 @@ def main() -> None:
         {"query": "page in the middle (keyset)", "ms": timed(deep)},
         {"query": "status = failed", "ms": timed(page(status="failed"))},
         {"query": "classification = confidential", "ms": timed(page(classification="confidential"))},
-        {"query": "full-text: 'marbles'", "ms": timed(page(search="marbles"))},
-        {"query": "full-text: 'function list'", "ms": timed(page(search="function list"))},
+        {"query": "full-text: 'marbles'", "ms": timed(page(q="marbles"))},
+        {"query": "full-text: 'function list'", "ms": timed(page(q="function list"))},
     ]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print(json.dumps({"tasks": total, "fill_s": fill_s, "machine": machine}))

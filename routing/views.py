@@ -1,50 +1,37 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from audit import params
 from audit.models import Role
+from audit.pagination import page
 from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
 from . import analytics, ops, replay, selectors
+from .filters import TaskFilter
 from .forms import TaskSubmitForm
 from .models import ConductorVersion, DataClass, RunStatus, Task
+from .pagination import CreatedCursorPagination
 from .services import SubmissionError, TaskSubmission, task_submit
-
-PAGE_SIZE = 50
 
 
 @role_required(*EVERYONE)
 def task_list(request: HttpRequest) -> HttpResponse:
-    status = params.choice(request.GET, "status", RunStatus.values) or None
-    classification = params.choice(request.GET, "classification", DataClass.values) or None
-    search = params.text(request.GET, "q") or None
-    before = params.moment(request.GET, "before")
-    before_id = params.uuid(request.GET, "before_id")
-    qs = selectors.task_list(status=status, classification=classification, search=search).order_by(
-        "-created_at", "-id"
-    )
-    if before is not None:
-        # Keyset pagination on (created_at, id), the list's order: a task created at the same moment
-        # as the last one shown is on the next page, not skipped.
-        older = Q(created_at__lt=before)
-        qs = qs.filter(older | Q(created_at=before, id__lt=before_id) if before_id else older)
-    tasks = list(qs[: PAGE_SIZE + 1])
-    last = tasks[PAGE_SIZE - 1] if len(tasks) > PAGE_SIZE else None
+    tasks = TaskFilter(request.GET, selectors.task_list())
+    rows, next_page = page(request, tasks.qs, CreatedCursorPagination)
+    applied = tasks.form.cleaned_data
     return render(
         request,
         "routing/task_list.html",
         {
-            "tasks": tasks[:PAGE_SIZE],
-            "next_before": last.created_at.isoformat() if last else None,
-            "next_before_id": str(last.pk) if last else "",
+            "tasks": rows,
+            "next_page": next_page,
             "statuses": RunStatus.choices,
             "classes": DataClass.choices,
-            "filters": {"status": status or "", "classification": classification or "", "q": search or ""},
+            "filters": {name: applied.get(name) or "" for name in ("status", "classification", "q")},
         },
     )
 

@@ -20,7 +20,7 @@ def test_search_matches_words_in_any_form_phrases_exclusions_and_ids():
     code = submit("What does f(x) return for the list [1, 2, 3]?")
 
     def found(query):
-        return set(selectors.task_list(search=query).values_list("pk", flat=True))
+        return set(selectors.task_search(selectors.task_list(), query).values_list("pk", flat=True))
 
     assert found("train") == {trains.pk}  # stemmed: "trains" matches "train"
     assert found("apples alice") == {apples.pk}
@@ -39,5 +39,5 @@ def test_the_search_can_use_the_full_text_index():
         # index with the search as a filter (the planner's pick once its statistics say "tiny").
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute("SET LOCAL enable_indexscan = off")
-    plan = selectors.task_list(search="prime").explain()
+    plan = selectors.task_search(selectors.task_list(), "prime").explain()
     assert "task_text_search" in plan
