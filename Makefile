@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test lint install-demo install-test chromium stop chaos
+.PHONY: demo test test-quick lint install-demo install-test chromium stop chaos
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ lint: install-test
 
 test: install-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The edit-run loop: everything but the tests marked slow (browser, real workers, subprocesses).
+test-quick: install-test
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 stop:
 	$(PY) manage.py services stop

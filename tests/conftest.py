@@ -20,6 +20,18 @@ from tests.openai_server import OpenAIServer
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# What makes a test slow: a browser, a real Celery worker, or a process of its own (web server, demo,
+# benchmark). `make test` runs everything; `make test-quick` (-m "not slow") is the edit-run loop.
+SLOW_FIXTURES = {"celery_workers", "browser", "page", "daphne_server", "live_server"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        browser = "browser" in item.nodeid.split("::")[0]  # tests/browser/, the browser sweep
+        if browser or item.get_closest_marker("integration") or SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
+
 def _uses_db(request) -> tuple[bool, bool]:
     marker = request.node.get_closest_marker("django_db")
     names = set(request.fixturenames)
