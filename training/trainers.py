@@ -1,0 +1,250 @@
+"""Training jobs as they run: start, progress (the curves), the two trainers (the learned policy's
+GRPO, TRL's GRPO with LoRA), registering the candidate, and how a job ends. The Celery task that
+calls it (one process per job, under the job's lock) is training.tasks.train_job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+
+from audit.actions import Action
+from audit.services import Actor, event_record
+from routing import replay
+from routing.models import ConductorVersion
+from routing.secrets import redact
+
+from .models import JobStatus, TrainingJob, TrainingMetric
+
+log = logging.getLogger(__name__)
+SERVICE = Actor.service("training")
+
+
+class Cancelled(Exception):
+    pass
+
+
+def run_job(job_id: int) -> None:
+    """Train one job (its process holds the job's lock): start it (again, if its process was lost),
+    train with its backend, register the candidate, or record why it failed or stopped."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+            return  # cancelled before it started, or finished
+        if job.cancel_requested:  # cancelled while its lost process was being replaced
+            job.status, job.finished_at = JobStatus.CANCELLED, timezone.now()
+            job.save(update_fields=["status", "finished_at"])
+            event_record(
+                actor=SERVICE,
+                action=Action.TRAINING_JOB_CANCELLED,
+                obj=job,
+                payload={"message": "not restarted"},
+            )
+            return
+        restarted = job.status == JobStatus.RUNNING
+        if restarted:
+            TrainingMetric.objects.filter(job=job).delete()  # the curves start again with the job
+        job.status, job.started_at = JobStatus.RUNNING, job.started_at or timezone.now()
+        job.deliveries += 1
+        job.worker_host, job.worker_pid = socket.gethostname(), os.getpid()
+        job.step = 0
+        job.save(update_fields=["status", "started_at", "deliveries", "worker_host", "worker_pid", "step"])
+        event_record(
+            actor=SERVICE,
+            action=Action.TRAINING_JOB_RESTARTED if restarted else Action.TRAINING_JOB_RUNNING,
+            obj=job,
+            payload={"backend": job.backend, "delivery": job.deliveries, "worker_pid": job.worker_pid},
+        )
+    if restarted:
+        _log(job, "restarted from the beginning: the process training it was lost")
+    _log(job, f"started ({job.backend}) with {job.options}")
+    try:
+        if job.backend == TrainingJob.Backend.LEARNED:
+            artifact, config, notes = _train_learned(job)
+        else:
+            artifact, config, notes = _train_lora(job)
+        version = _register(job, artifact, config, notes)
+    except Cancelled:
+        _finish(
+            job, JobStatus.CANCELLED, Action.TRAINING_JOB_CANCELLED, "cancelled at the ML staff's request"
+        )
+        return
+    except Exception as exc:  # a failed job says why and stays failed (settle never restarts it)
+        log.exception("training job %s failed", job_id)
+        _finish(job, JobStatus.FAILED, Action.TRAINING_JOB_FAILED, redact(f"{type(exc).__name__}: {exc}"))
+        return
+    _log(job, f"finished: candidate {version.name}, artifact {artifact}")
+
+
+def _artifact_dir(job: TrainingJob, kind: str) -> Path:
+    """Where a job writes: its own directory, so no job overwrites what another registered."""
+    return settings.VAR_DIR / kind / f"job-{job.pk}-{job.name}"
+
+
+def _register(job: TrainingJob, artifact: Path, config: dict[str, Any], notes: str) -> ConductorVersion:
+    backend = (
+        ConductorVersion.Backend.LEARNED
+        if job.backend == TrainingJob.Backend.LEARNED
+        else ConductorVersion.Backend.LLM
+    )
+    with transaction.atomic():
+        version = ConductorVersion.objects.create(name=job.name, backend=backend, config=config, notes=notes)
+        TrainingJob.objects.filter(pk=job.pk).update(
+            status=JobStatus.SUCCEEDED,
+            finished_at=timezone.now(),
+            candidate=version,
+            artifact_path=str(Path(artifact).relative_to(settings.VAR_DIR)),
+        )
+        event_record(
+            actor=SERVICE,
+            action=Action.CONDUCTORVERSION_REGISTERED,
+            obj=version,
+            payload={"backend": backend, "training_job": job.pk, "notes": notes},
+        )
+        event_record(
+            actor=SERVICE,
+            action=Action.TRAINING_JOB_SUCCEEDED,
+            obj=job,
+            payload={"candidate": version.name, "artifact": str(artifact)},
+        )
+    return version
+
+
+def _finish(job: TrainingJob, status: str, action: str, message: str) -> None:
+    with transaction.atomic():
+        TrainingJob.objects.filter(pk=job.pk).update(
+            status=status, finished_at=timezone.now(), error="" if status == JobStatus.CANCELLED else message
+        )
+        event_record(actor=SERVICE, action=action, obj=job, payload={"message": message})
+    _log(job, message)
+
+
+def _log(job: TrainingJob, line: str) -> None:
+    stamp = timezone.now().strftime("%H:%M:%S")
+    TrainingJob.objects.filter(pk=job.pk).update(log=Concat("log", Value(f"{stamp} {line}\n")))
+
+
+def _progress(job: TrainingJob, step: int, total: int, values: dict[str, Any]) -> bool:
+    """Record one point of the curves; stop if the job was cancelled. True: go on."""
+    numeric = {k: float(v) for k, v in values.items() if isinstance(v, int | float) and v == v}
+    TrainingMetric.objects.create(job=job, step=step, values=numeric)
+    TrainingJob.objects.filter(pk=job.pk).update(step=step, total_steps=total)
+    if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+        raise Cancelled
+    return True
+
+
+def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
+    from .services import dataset_files, replay_items
+
+    if job.dataset is not None:
+        path = dataset_files(job.dataset)["train.jsonl"]
+        return replay_items(
+            [json.loads(line)["item"] for line in path.read_text().splitlines() if line.strip()]
+        )
+    items = replay.read_items(replay.split_path(job.options["split"]))
+    return items[: job.options["limit"]] if job.options.get("limit") else items
+
+
+def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
+    from .policy import GRPOConfig, Policy, default_actions, simulate, train
+
+    items = _job_items(job)
+    if not items:
+        raise ValueError("no recorded items to train on")
+    o = job.options
+    policy = Policy.new(default_actions(sorted(items[0].outcomes)))
+    _log(job, f"{len(items)} items, {len(policy.actions)} workflows, {o['epochs']} epochs")
+
+    def on_epoch(epoch: int, mean_reward: float) -> None:
+        outcomes = [
+            simulate(policy.choose(item.task, item.domain)[0], item.outcomes, item.domain) for item in items
+        ]
+        accuracy = sum(x.correct for x in outcomes) / len(outcomes)
+        usd_per_1000 = sum(x.cost_usd for x in outcomes) / len(outcomes) * 1000
+        _progress(
+            job,
+            epoch,
+            o["epochs"],
+            {"reward": mean_reward, "accuracy": accuracy, "usd_per_1000": usd_per_1000},
+        )
+
+    curve = train(
+        policy,
+        items,
+        GRPOConfig(
+            group_size=o["group_size"],
+            epochs=o["epochs"],
+            learning_rate=o["learning_rate"],
+            cost_penalty_per_usd=o["cost_penalty_per_usd"],
+        ),
+        on_epoch=on_epoch,
+    )
+    first, last = curve[0], curve[-1]
+    path = _artifact_dir(job, "policies") / "policy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(policy.to_json())
+    config = {"policy_path": str(path), "items": len(items), **{k: o[k] for k in ("epochs", "learning_rate")}}
+    return path, config, f"GRPO on {len(items)} recorded items; mean reward {first:.3f} -> {last:.3f}"
+
+
+def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
+    import datasets
+
+    from .engine_reward import EngineReward
+    from .lora import run_grpo_lora
+    from .services import dataset_files
+
+    if job.dataset is None:  # the service refuses a LoRA job without one
+        raise ValueError("a LoRA job trains on a dataset, and this one has none")
+    files = dataset_files(job.dataset)
+    data = datasets.load_dataset("parquet", data_files={"train": str(files["train.parquet"])})["train"]
+    o = job.options
+    out = _artifact_dir(job, "adapters")
+    reward = EngineReward(job)
+    _log(job, f"{len(data)} prompts from {job.dataset}; base model {o['base_model_path']}")
+    result = run_grpo_lora(
+        base_model_path=o["base_model_path"],
+        train_dataset=data,
+        output_dir=out,
+        reward_funcs=[reward],
+        settings={
+            "max_steps": o["max_steps"],
+            "num_generations": o["num_generations"],
+            "prompts_per_step": o["prompts_per_step"],
+            "learning_rate": o["learning_rate"],
+            "lora_r": o["lora_r"],
+            "max_completion_length": o["max_completion_length"],
+            "use_cpu": not _cuda(),
+            **(
+                {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": o["vllm_server_base_url"]}
+                if o.get("use_vllm")
+                else {}
+            ),
+        },
+        on_log=lambda step, total, metrics: _progress(job, step, total, metrics),
+    )
+    config = {
+        "model": f"hosted_vllm/{job.name}",
+        "api_base": settings.CONDUCTOR_VLLM_API_BASE,
+        "lora_name": job.name,
+        "lora_path": str(result["adapter_dir"]),
+        "base_model_path": o["base_model_path"],
+    }
+    note = f"TRL GRPO + LoRA (r={o['lora_r']}) for {result['global_step']} steps on {job.dataset}"
+    return Path(result["adapter_dir"]), config, note
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
