@@ -33,7 +33,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from . import policies, user_events
 from .actions import Action
 from .models import ApiToken, LegalHold, PolicyRule, Role
-from .roles import has_role, request_roles, token_revoke
+from .roles import has_role, request_roles, token_revoke, user_roles
 from .services import Actor, event_record
 
 AUDITOR, OPERATOR, ML_STAFF, ADMIN = Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN
@@ -266,7 +266,6 @@ class UserAdmin(RoleModelAdmin, DjangoUserAdmin):
 
     @admin.display(description="roles")
     def role_names(self, user) -> str:
-        from .roles import user_roles
 
         return ", ".join(sorted(user_roles(user))) or "—"
 

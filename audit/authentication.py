@@ -1,3 +1,5 @@
+"""API tokens: only their hash is stored; an expired or revoked token authenticates nobody."""
+
 from datetime import timedelta
 
 from django.utils import timezone

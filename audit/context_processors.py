@@ -1,3 +1,5 @@
+"""The signed-in user's roles, for the templates' navigation."""
+
 from .roles import request_roles
 
 

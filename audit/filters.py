@@ -13,6 +13,7 @@ from typing import Any
 
 import django_filters
 from django import forms
+from django.db.models import Q
 
 from . import params
 from .models import AuditEvent
@@ -38,9 +39,9 @@ class RuleFilter(django_filters.Filter):
         super().__init__(*args, rule=rule, **kwargs)
 
 
-def choice(choices) -> RuleFilter:
+def choice(choices, **kwargs) -> RuleFilter:
     """One of the choices (a model's TextChoices)."""
-    return RuleFilter(partial(params.choice, choices=[str(c) for c in choices]))
+    return RuleFilter(partial(params.choice, choices=[str(c) for c in choices]), **kwargs)
 
 
 def moment(*, end: bool = False, **kwargs) -> RuleFilter:
@@ -62,6 +63,10 @@ class StrictFilterSet(django_filters.FilterSet):
         if not valid:  # a field of django-filter's own: its first message, under its name
             name, errors = next(iter(self.form.errors.items()))
             raise params.InvalidParameter(name, " ".join(errors))
+        # A period (since, until) that ends before it starts selects nothing: say so.
+        since, until = self.form.cleaned_data.get("since"), self.form.cleaned_data.get("until")
+        if since and until and until < since:
+            raise params.InvalidParameter("until", "is before the start of the period")
         return True
 
     @property
@@ -85,18 +90,10 @@ class AuditEventFilter(StrictFilterSet):
         fields: list[str] = []
 
     def search(self, queryset, name, value: str):
-        from django.db.models import Q
 
         return queryset.filter(
             Q(object_id=value) | Q(actor_name__icontains=value) | Q(action__icontains=value)
         )
-
-    def is_valid(self) -> bool:
-        super().is_valid()
-        since, until = self.form.cleaned_data.get("since"), self.form.cleaned_data.get("until")
-        if since and until and until < since:
-            raise params.InvalidParameter("until", "is before the start of the period")
-        return True
 
     def applied(self) -> dict[str, str]:
         """The query parameters that select this filter (what the pages and exports read back)."""

@@ -15,6 +15,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.fields.json import KT
+from django.utils import timezone
 
 from .actions import Action
 
@@ -217,7 +218,6 @@ class ApiToken(models.Model):
 
     @property
     def is_expired(self) -> bool:
-        from django.utils import timezone
 
         return self.expires_at <= timezone.now()
 

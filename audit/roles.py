@@ -16,10 +16,12 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.utils import timezone
 from rest_framework.permissions import BasePermission
 
 from .actions import Action
 from .models import ApiToken, Role
+from .services import Actor, event_record
 
 EVERYONE = (Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN)
 AUDIT_ROLES = (Role.AUDITOR,)  # the auditors' pages (admin passes every role check)
@@ -115,9 +117,6 @@ def token_create(
 
     Returns the saved row with the token itself in `.key`: on this object only, never stored, so it
     can be shown once. A row read back from the database has no `.key`."""
-    from django.utils import timezone
-
-    from .services import Actor, event_record
 
     if role not in user_roles(user):
         raise ValueError(f"{user} does not hold the role {role!r}")
@@ -152,9 +151,6 @@ def token_create(
 
 def token_revoke(*, token: ApiToken, actor: Any) -> bool:
     """Revoke a token (audited as `token.revoked`); False when it was revoked already."""
-    from django.utils import timezone
-
-    from .services import event_record
 
     with transaction.atomic():
         row = ApiToken.objects.select_for_update().select_related("user").get(pk=token.pk)

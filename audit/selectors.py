@@ -1,4 +1,4 @@
-"""Reads for auditors: the event log with filters, the vendor exposure and policy reports, dossiers."""
+"""Reads for auditors: the policy report (policy events and rules). The event log filters in audit.filters."""
 
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
+from django.utils import timezone
 
 from . import chain
 from .actions import Action
-from .models import GLOBAL_CHAIN, AuditEvent
+from .models import GLOBAL_CHAIN, AuditEvent, LegalHold
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,6 @@ def record_viewed(*, request: Any, task: Any, view: str) -> AuditEvent:
 
 
 def legal_hold_place(*, task: Any, actor: Actor, reason: str) -> Any:
-    from .models import LegalHold
 
     with transaction.atomic():
         hold = LegalHold.objects.create(task_id=task.pk, reason=reason, placed_by=actor.name)
@@ -121,9 +121,6 @@ def legal_hold_place(*, task: Any, actor: Actor, reason: str) -> Any:
 
 
 def legal_hold_release(*, task: Any, actor: Actor) -> int:
-    from django.utils import timezone
-
-    from .models import LegalHold
 
     with transaction.atomic():
         holds = list(LegalHold.objects.select_for_update().filter(task_id=task.pk, released_at__isnull=True))

@@ -1,3 +1,5 @@
+"""The audit pages: the event log and its export, policies, verification, API tokens."""
+
 from django.urls import path
 
 from . import views

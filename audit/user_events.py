@@ -33,6 +33,7 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_save, pre_delete, pre_save
 
 from .actions import Action
+from .roles import user_roles
 from .services import Actor, event_record
 
 FLAGS = ("is_active", "is_staff", "is_superuser")
@@ -84,7 +85,6 @@ def _group_names(user: Any) -> list[str]:
 
 
 def _roles(user: Any) -> list[str]:
-    from .roles import user_roles
 
     return sorted(user_roles(user))
 

@@ -10,6 +10,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.validators import MaxValueValidator
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -76,7 +77,6 @@ def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
 def with_transaction_event(
     request: HttpRequest, action: str, *, payload: dict[str, Any], obj: Any = None
 ) -> None:
-    from django.db import transaction
 
     with transaction.atomic():
         event_record(

@@ -1,3 +1,5 @@
+"""The ASGI application (daphne): HTTP through Django, websockets through Channels with login and origin checks."""
+
 import os
 
 from django.core.asgi import get_asgi_application

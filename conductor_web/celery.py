@@ -1,6 +1,10 @@
+"""The Celery app, the embedded servers started when a worker or beat starts, and the command lines the demo and tests use to start them."""
+
 import os
+import sys
 
 from celery import Celery, signals
+from django.conf import settings
 
 from conductor_web.embedded import start_unless_set
 
@@ -35,9 +39,6 @@ def worker_command(
     "maintenance", ahead of "runs": kombu takes the queues in turn, so neither waits behind a backlog.
     quiet: no gossip, mingle or heartbeat between workers, for short-lived local workers.
     """
-    import sys
-
-    from django.conf import settings
 
     command = [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "--loglevel", loglevel]
     command += ["--concurrency", str(concurrency), "--pool", "prefork"]
@@ -53,7 +54,6 @@ def worker_command(
 
 def beat_command(*, schedule: str, loglevel: str = "INFO") -> list[str]:
     """The command line of `celery beat` for this app on this interpreter (demo, benchmarks)."""
-    import sys
 
     return [
         sys.executable,

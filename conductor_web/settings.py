@@ -3,6 +3,9 @@
 With DATABASE_URL and REDIS_URL unset, the app uses its own PostgreSQL and Redis under ./var/
 (conductor_web.embedded): the same code path as production, with nothing installed but Python.
 The entry points start them (manage.py, asgi.py, celery.py); importing these settings starts nothing.
+
+Why one module of about 400 lines: Django reads one settings module; it is cut into sections (apps,
+security, services, the engine, audit, training), each setting with the reason for its value.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "axes",  # before audit: its failed-login handler runs first, and audit reads what it counted
     "audit",
@@ -308,6 +312,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["audit.roles.HasRole"],
+    # Swagger UI (/api/docs/) and Redoc (/api/redoc/) from the sidecar's static files: nothing from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # One name per choice set: run and job statuses, and data classes wherever they appear.
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "routing.models.RunStatus",

@@ -1,8 +1,11 @@
+"""The site's URLs: each app's pages and API, the schema, login, the admin site."""
+
+from csp.decorators import csp_update
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from audit.admin import site as admin_site  # the admin site by role (not Django's staff flag)
 
@@ -25,6 +28,14 @@ urlpatterns = [
     path("audit/", include("routing.compliance_urls")),
     path("training/", include("training.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Swagger UI's start-up script is served as a file of its own (the split view): no inline script.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
+    # Redoc runs its search in a worker it makes from a blob: allowed on this page only.
+    path(
+        "api/redoc/",
+        csp_update({"worker-src": ["'self'", "blob:"]})(SpectacularRedocView.as_view(url_name="schema")),
+        name="api-redoc",
+    ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin_site.urls),

@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Avg, Count, F, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Avg, Count, F, OuterRef, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
 from audit import csv_safe
 
+from . import selectors
 from .models import Run, RunStatus, Step, StepStatus
 
 OPERATIONAL_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW)
@@ -77,10 +78,11 @@ def accuracy_vs_cost(f: Filters, *, by: str) -> list[dict[str, Any]]:
     if by == "conductor":
         rows = runs.order_by().values(name=F("conductor_version__name"))
     else:
-        final_worker = (
-            Step.objects.filter(run=OuterRef("pk"), depth=0).order_by("-index").values("worker_slug")[:1]
+        rows = (
+            runs.annotate(final_worker=selectors.final_worker(run=OuterRef("pk")))
+            .order_by()
+            .values(name=F("final_worker"))
         )
-        rows = runs.annotate(final_worker=Subquery(final_worker)).order_by().values(name=F("final_worker"))
     points = [
         {
             "name": r["name"],

@@ -1,3 +1,5 @@
+"""The API's task and worker endpoints (DRF viewsets): submit with an idempotency key, list with filters and a cursor, read one task whole."""
+
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema

@@ -1,3 +1,5 @@
+"""The routing API's router."""
+
 from rest_framework.routers import DefaultRouter
 
 from .api import TaskViewSet, WorkerViewSet

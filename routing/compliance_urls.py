@@ -1,3 +1,5 @@
+"""The auditors' pages on tasks: the dossier, legal holds, vendor exposure."""
+
 from django.urls import path
 
 from . import compliance_views as views

@@ -1,3 +1,5 @@
+"""The task submission form of the pages, with the limits of routing.limits."""
+
 from django import forms
 from django.conf import settings
 

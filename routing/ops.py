@@ -5,11 +5,27 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
+from celery import current_app
 from django.conf import settings
-from django.db.models import Aggregate, Count, F, FloatField, Q, Sum
+from django.core.cache import cache
+from django.db.models import (
+    Aggregate,
+    Count,
+    DateTimeField,
+    DurationField,
+    F,
+    FloatField,
+    Func,
+    Q,
+    Sum,
+    Value,
+)
 from django.db.models.functions import TruncMinute
+from django.urls import reverse
 from django.utils import timezone
+from kombu.exceptions import ChannelError, OperationalError
 
 from .models import Attempt, Run, RunStatus, Task
 
@@ -24,6 +40,15 @@ class Percentile(Aggregate):
 
     def __init__(self, expression: Any, p: float):
         super().__init__(expression, p=float(p))
+
+
+def calls_link(*, since: datetime, **filters: str) -> str:
+    """The provider-calls page filtered to these calls since `since`."""
+    return (
+        reverse("routing:attempt-list")
+        + "?"
+        + urlencode({**filters, "since": since.isoformat(timespec="seconds")})
+    )
 
 
 def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any]:
@@ -64,30 +89,51 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
         .annotate(
             in_flight=Count("pk", filter=Q(status=Attempt.Status.STARTED)),
             calls=Count("pk", filter=~Q(status=Attempt.Status.STARTED)),
-            errors=Count("pk", filter=~Q(status__in=[Attempt.Status.STARTED, Attempt.Status.SUCCEEDED])),
+            errors=Count("pk", filter=Q(status__in=Attempt.ERRORS)),
             p50_ms=Percentile("latency_ms", 0.5),
             p95_ms=Percentile("latency_ms", 0.95),
             cost=Sum("cost_usd"),
         )
         .order_by("worker")
     )
-    alerts = []
+    # Each worker's errors by kind, each a link to those calls (from the symptom to its cause).
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for row in (
+        Attempt.objects.filter(started_at__gte=since)
+        .filter(status__in=Attempt.ERRORS)
+        .order_by()
+        .values("status", worker=F("step__worker_slug"))
+        .annotate(n=Count("pk"))
+        .order_by("worker", "-n", "status")
+    ):
+        label = Attempt.Status(row["status"]).label
+        link = calls_link(worker=row["worker"], status=row["status"], since=since)
+        by_kind.setdefault(row["worker"], []).append({"kind": label, "n": row["n"], "url": link})
+    alerts: list[dict[str, str]] = []
     threshold = settings.OPS_ERROR_RATE_ALERT
     for row in workers:
         row["error_rate"] = row["errors"] / row["calls"] if row["calls"] else 0.0
         row["alerting"] = row["calls"] >= settings.OPS_ALERT_MIN_CALLS and row["error_rate"] >= threshold
+        row["errors_by_kind"] = by_kind.get(row["worker"], [])
+        row["calls_url"] = calls_link(worker=row["worker"], since=since)
+        row["failed_url"] = calls_link(worker=row["worker"], status="failed", since=since)
         if row["alerting"]:
             alerts.append(
-                f"{row['worker']}: {row['error_rate']:.0%} of {row['calls']} calls failed in the last {minutes} min "
-                f"(threshold {threshold:.0%})"
+                {
+                    "text": f"{row['worker']}: {row['error_rate']:.0%} of {row['calls']} calls failed in the last "
+                    f"{minutes} min (threshold {threshold:.0%})",
+                    "url": row["failed_url"],
+                }
             )
     budget_stops = Run.objects.filter(finished_at__gte=since, stop_reason="cost_budget").count()
     if budget_stops:
-        alerts.append(f"{budget_stops} run(s) stopped at their cost budget in the last {minutes} min")
+        alerts.append(
+            {"text": f"{budget_stops} run(s) stopped at their cost budget in the last {minutes} min"}
+        )
     spend_limit = settings.OPS_SPEND_PER_MINUTE_ALERT_USD
     peak = max((row["spend_usd"] for row in timeline), default=Decimal(0))
     if spend_limit and peak > spend_limit:
-        alerts.append(f"spend reached ${peak:.4f} in one minute (threshold ${spend_limit})")
+        alerts.append({"text": f"spend reached ${peak:.4f} in one minute (threshold ${spend_limit})"})
     return {
         "minutes": minutes,
         "now": now,
@@ -98,3 +144,128 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
         "workers": workers,
         "alerts": alerts,
     }
+
+
+# --- History: the overview's charts over the last hour, day or week ----------------------------
+
+PERIODS = {  # name -> (length, bucket)
+    "hour": (timedelta(hours=1), timedelta(minutes=1)),
+    "day": (timedelta(days=1), timedelta(minutes=30)),
+    "week": (timedelta(days=7), timedelta(hours=4)),
+}
+KIND_GROUPS = {  # what a run was for, as the charts separate it: live traffic apart from the rest
+    Run.Kind.LIVE: "live",
+    Run.Kind.RETRY: "live",
+    Run.Kind.SHADOW: "shadow",
+    Run.Kind.ROLLOUT: "rollout",
+    Run.Kind.EVALUATION: "evaluation",
+}
+
+
+class DateBin(Func):
+    """PostgreSQL's date_bin(stride, source, origin): the start of the bucket `source` falls in."""
+
+    function = "date_bin"
+    output_field = DateTimeField()
+
+    def __init__(self, stride: timedelta, source: Any, origin: datetime):
+        super().__init__(
+            Value(stride, output_field=DurationField()), source, Value(origin), output_field=DateTimeField()
+        )
+
+
+def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, Any]:
+    """Runs finished by what they were for, provider errors by kind (a share of calls), p50 and p95
+    call latency per worker, and spend per minute, in buckets that fit the period."""
+    length, stride = PERIODS[period]
+    now = now or timezone.now()
+    origin = (now - length).replace(second=0, microsecond=0)
+    buckets = [origin + stride * i for i in range(int(length / stride) + 1)]
+    at = {b: i for i, b in enumerate(buckets)}
+
+    def series() -> list[float]:
+        return [0.0] * len(buckets)
+
+    runs: dict[str, list[float]] = {}
+    for row in (
+        Run.objects.filter(finished_at__gte=origin)
+        .order_by()
+        .values("kind", bucket=DateBin(stride, F("finished_at"), origin))
+        .annotate(n=Count("pk"))
+    ):
+        runs.setdefault(KIND_GROUPS.get(row["kind"], row["kind"]), series())[at[row["bucket"]]] += row["n"]
+
+    calls = series()
+    errors: dict[str, list[float]] = {}
+    spend = series()
+    attempts = Attempt.objects.filter(finished_at__gte=origin).order_by()
+    for row in attempts.values("status", bucket=DateBin(stride, F("finished_at"), origin)).annotate(
+        n=Count("pk"), cost=Sum("cost_usd")
+    ):
+        i = at[row["bucket"]]
+        calls[i] += row["n"]
+        spend[i] += float(row["cost"] or 0) / (stride.total_seconds() / 60)
+        if row["status"] in Attempt.ERRORS:
+            errors.setdefault(row["status"], series())[i] += row["n"]
+    error_rate = {
+        kind: [e / c if c else None for e, c in zip(n, calls, strict=True)] for kind, n in errors.items()
+    }
+
+    latency: dict[str, dict[str, list[float | None]]] = {}
+    for row in (
+        attempts.filter(status=Attempt.Status.SUCCEEDED, latency_ms__isnull=False)
+        .values(worker=F("step__worker_slug"), bucket=DateBin(stride, F("finished_at"), origin))
+        .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
+    ):
+        w = latency.setdefault(row["worker"], {"p50": [None] * len(buckets), "p95": [None] * len(buckets)})
+        w["p50"][at[row["bucket"]]] = row["p50"]
+        w["p95"][at[row["bucket"]]] = row["p95"]
+    return {
+        "period": period,
+        "bucket_s": int(stride.total_seconds()),
+        "buckets": [b.isoformat() for b in buckets],
+        "runs": dict(sorted(runs.items())),
+        "calls": calls,
+        "error_rate": dict(sorted(error_rate.items())),
+        "latency_ms": dict(sorted(latency.items())),
+        "spend_usd_per_min": spend,
+    }
+
+
+QUEUES = ("runs", "resume", "maintenance", "training")  # the app's Celery queues, before their prefix
+
+
+def queue_depths() -> list[dict[str, Any]]:
+    """Messages waiting in each of the app's Celery queues, as the broker counts them. A queue the
+    broker does not know waits for nothing (Redis drops an emptied list); None: the broker could
+    not be asked."""
+    out = []
+    try:
+        with current_app.connection_for_read() as conn:
+            channel = conn.default_channel
+            for name in QUEUES:
+                queue = settings.CONDUCTOR_QUEUE_PREFIX + name
+                try:
+                    depth: int | None = channel.queue_declare(queue=queue, passive=True).message_count
+                except ChannelError:  # NOT_FOUND: no message, or no worker ever declared it
+                    depth = 0
+                out.append({"queue": name, "waiting": depth})
+    except (OSError, OperationalError):  # the broker away
+        return [{"queue": name, "waiting": None} for name in QUEUES]
+    return out
+
+
+WORKERS_ALIVE_TTL_S = 10  # the overview re-reads every few seconds; the ping waits its whole timeout
+
+
+def workers_alive() -> list[str]:
+    """The Celery workers that answered a ping (their host names), asked at most every few seconds."""
+    alive = cache.get("ops.workers_alive")
+    if alive is None:
+        try:
+            replies = current_app.control.ping(timeout=0.5)
+        except Exception:  # noqa: BLE001 - the broker away: nobody can be seen alive
+            replies = []
+        alive = sorted(name for reply in replies for name in reply)
+        cache.set("ops.workers_alive", alive, WORKERS_ALIVE_TTL_S)
+    return alive

@@ -1,3 +1,5 @@
+"""Websocket URLs: a task's live events."""
+
 from django.urls import path
 
 from .consumers import TaskEventsConsumer

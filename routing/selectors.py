@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
 import uuid
+from typing import Any
 
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.contrib.postgres.search import SearchQuery
-from django.db.models import Prefetch, QuerySet
+from django.db.models import OuterRef, Prefetch, Q, QuerySet, Subquery
 
-from .models import Attempt, Decision, Run, Step, Task, Worker
+from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, Step, StepStatus, Task, Worker
+
+ANSWERING_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY)  # the runs that set a task's status and answer
+
+
+def final_worker(**runs: Any) -> Subquery:
+    """The worker that gave the final answer of the runs selected by `runs` (lookups on Step), as an
+    expression: the last step to succeed that is not the conductor's own. A conductor step only
+    passes on the answer of the nested plan it wrote; the worker that wrote that answer is the one."""
+    steps = Step.objects.filter(status=StepStatus.SUCCEEDED, **runs).exclude(worker_slug=CONDUCTOR_SLUG)
+    return Subquery(steps.order_by("-finished_at", "-id").values("worker_slug")[:1])
 
 
 def task_list() -> QuerySet[Task]:
@@ -15,14 +28,42 @@ def task_list() -> QuerySet[Task]:
     return Task.objects.defer("final_answer", "search_vector")
 
 
+def with_answerers(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """`tasks` with the columns of the task list's page: the final worker, and the vendors that
+    received their live runs' steps (subqueries, run for the rows of one page only)."""
+    vendors = (
+        Step.objects.filter(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS)
+        .exclude(vendor="")
+        .order_by()
+        .values("run__task")
+        .annotate(names=ArrayAgg("vendor", distinct=True, order_by="vendor"))
+        .values("names")
+    )
+    return tasks.annotate(
+        final_worker=final_worker(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS),
+        vendors=Subquery(vendors),
+    )
+
+
+SHORT_ID = re.compile(r"[0-9a-f]{4,32}")
+
+
 def task_search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
-    """A task id, or words in the task text (PostgreSQL full-text search, web-search syntax: "quoted
-    phrases", -excluded, or), served by the task_text_search GIN index."""
+    """A task id, whole or its first characters as the pages show it (`c3075229`), or words in the task
+    text (PostgreSQL full-text search, web-search syntax: "quoted phrases", -excluded, or), served by
+    the task_text_search GIN index. An id's prefix is a range of the primary key (its btree index);
+    a prefix that is also a word ("cafe") finds both."""
+    text = search.strip()
     try:
-        return qs.filter(pk=uuid.UUID(search.strip()))
+        return qs.filter(pk=uuid.UUID(text))
     except ValueError:
         pass
-    return qs.filter(search_vector=SearchQuery(search, config="english", search_type="websearch"))
+    words = Q(search_vector=SearchQuery(search, config="english", search_type="websearch"))
+    prefix = text.lower().replace("-", "")
+    if SHORT_ID.fullmatch(prefix):
+        low, high = uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
+        return qs.filter(Q(pk__gte=low, pk__lte=high) | words)
+    return qs.filter(words)
 
 
 def run_detail_queryset() -> QuerySet[Run]:
@@ -39,6 +80,21 @@ def run_detail_queryset() -> QuerySet[Run]:
 
 def task_detail(*, task_id) -> Task:
     return Task.objects.prefetch_related(Prefetch("runs", queryset=run_detail_queryset())).get(pk=task_id)
+
+
+def attempt_list() -> QuerySet[Attempt]:
+    """Provider calls as the attempts page lists them, with the step, run and task they belong to."""
+    return Attempt.objects.select_related("step__run__task").defer(
+        "step__messages_sent",
+        "step__response",
+        "step__run__task__final_answer",
+        "step__run__task__search_vector",
+    )
+
+
+def vendor_names() -> list[str]:
+    """The vendors of the pool's workers (the vendor filter also takes any other name, as text)."""
+    return sorted(set(Worker.objects.exclude(vendor="").values_list("vendor", flat=True)))
 
 
 def worker_list(*, enabled_only: bool = False) -> QuerySet[Worker]:

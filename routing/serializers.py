@@ -1,8 +1,12 @@
+"""The API's shapes: what a task submission takes, and a task, run, decision, step, attempt and worker as read."""
+
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from audit.chain import run_chain
+from audit.models import ChainHead
 from routing.scoring.scorers import SCORER_CHOICES
 
 from . import limits
@@ -150,8 +154,6 @@ class RunOutput(serializers.ModelSerializer):
         ]
 
     def get_audit_seq(self, run: Run) -> int:
-        from audit.chain import run_chain
-        from audit.models import ChainHead
 
         head = (
             ChainHead.objects.filter(chain=run_chain(run.correlation_id))

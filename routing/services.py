@@ -12,12 +12,15 @@ from django.db import IntegrityError, transaction
 
 from audit.actions import Action
 from audit.services import Actor, event_record
+from routing.scoring.scorers import check_pattern
 
 from . import limits
 from .conductors import DEFAULT_STATIC_RULES
 from .errors import ServiceError
 from .models import ConductorVersion, DataClass, Run, Task, Worker
+from .providers import litellm_model_info
 from .secrets import ENDPOINT_FIELDS, key_env_check
+from .tasks import run_send
 
 
 class SubmissionError(ServiceError):
@@ -132,8 +135,6 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
             f"unknown classification {submission.classification!r}; one of {DataClass.values}"
         )
     if submission.scorer == "regex" and submission.reference is not None:
-        from routing.scoring.scorers import check_pattern
-
         try:
             check_pattern(submission.reference)
         except ValueError as exc:
@@ -221,7 +222,6 @@ def run_enqueue(*, run_id: int) -> None:
     """Hand a run's message to the broker (called on commit of the run). A broker that cannot be
     reached loses nothing: the run is committed, the caller gets its answer, and the sweep
     (routing.tasks.requeue_stalled_runs) sends the message once the broker is back."""
-    from .tasks import run_send
 
     run_send(run_id, previous=None)
 
@@ -273,7 +273,6 @@ def worker_register(
 ) -> tuple[Worker, bool]:
     """Register (or update) a worker. Prices and context window come from litellm's local cost map
     unless given; a model the map does not know needs both prices."""
-    from .providers import litellm_model_info
 
     info = litellm_model_info(litellm_model)
     if input_usd_per_mtok is not None and output_usd_per_mtok is not None:

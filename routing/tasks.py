@@ -37,6 +37,7 @@ from kombu.exceptions import KombuError
 
 from . import engine
 from .models import Run, RunStatus
+from .retention import retention_purge as purge
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,5 @@ def requeue_stalled_runs() -> list[int]:
 @shared_task(name="routing.tasks.retention_purge")
 def retention_purge() -> int:
     """Hourly: the content of tasks past their data class's retention, and their run chains."""
-    from .retention import retention_purge as purge
 
     return len(purge())

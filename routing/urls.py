@@ -1,3 +1,5 @@
+"""The operators' pages: tasks, a task and its graph, workers, provider calls, the overview, analytics."""
+
 from django.urls import path
 
 from . import views
@@ -10,6 +12,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/", views.task_detail, name="task-detail"),
     path("tasks/<uuid:task_id>/graph/", views.task_graph, name="task-graph"),
     path("workers/", views.worker_list, name="worker-list"),
+    path("attempts/", views.attempt_list, name="attempt-list"),
     path("ops/", views.ops_overview, name="ops"),
     path("analytics/", views.analytics_page, name="analytics"),
 ]

@@ -1,3 +1,5 @@
+"""The operators' pages: the task list and search, submission, a task, its live graph, workers, the live overview and analytics."""
+
 from __future__ import annotations
 
 from django.contrib import messages
@@ -11,18 +13,19 @@ from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
 from . import analytics, ops, replay, selectors
-from .filters import TaskFilter
+from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
-from .models import ConductorVersion, DataClass, RunStatus, Task
-from .pagination import CreatedCursorPagination
+from .models import Attempt, DataClass, RunStatus, Task
+from .pagination import AttemptCursorPagination, CreatedCursorPagination
 from .services import SubmissionError, TaskSubmission, task_submit
 
 
 @role_required(*EVERYONE)
 def task_list(request: HttpRequest) -> HttpResponse:
     tasks = TaskFilter(request.GET, selectors.task_list())
-    rows, next_page = page(request, tasks.qs, CreatedCursorPagination)
+    rows, next_page = page(request, selectors.with_answerers(tasks.qs), CreatedCursorPagination)
     applied = tasks.form.cleaned_data
+    names = ("q", "status", "classification", "source", "worker", "vendor", "conductor")
     return render(
         request,
         "routing/task_list.html",
@@ -31,7 +34,37 @@ def task_list(request: HttpRequest) -> HttpResponse:
             "next_page": next_page,
             "statuses": RunStatus.choices,
             "classes": DataClass.choices,
-            "filters": {name: applied.get(name) or "" for name in ("status", "classification", "q")},
+            "sources": Task.Source.choices,
+            "workers": worker_slugs(),
+            "vendors": selectors.vendor_names(),
+            "conductors": conductor_names(),
+            "filters": {name: applied.get(name) or "" for name in names},
+            # What the list is filtered by, said above it.
+            "filtered": [
+                (name if name != "q" else "search", applied[name]) for name in names if applied.get(name)
+            ],
+        },
+    )
+
+
+@role_required(*EVERYONE)
+def attempt_list(request: HttpRequest) -> HttpResponse:
+    """Provider calls, filtered: where a symptom on the overview (an error rate, an alert) leads."""
+    attempts = AttemptFilter(request.GET, selectors.attempt_list())
+    rows, next_page = page(request, attempts.qs, AttemptCursorPagination)
+    applied = attempts.form.cleaned_data
+    names = ("worker", "vendor", "status", "task", "since", "until")
+    return render(
+        request,
+        "routing/attempt_list.html",
+        {
+            "attempts": rows,
+            "next_page": next_page,
+            "workers": worker_slugs(),
+            "vendors": selectors.vendor_names(),
+            "statuses": [*Attempt.Status.choices, (FAILED, "Any error")],
+            "filters": {name: applied.get(name) or "" for name in names},
+            "filtered": [(name, applied[name]) for name in names if applied.get(name)],
         },
     )
 
@@ -118,7 +151,15 @@ def task_graph(request: HttpRequest, task_id) -> HttpResponse:
 @role_required(*EVERYONE)
 def ops_overview(request: HttpRequest) -> HttpResponse:
     minutes = params.integer(request.GET, "minutes", default=15, minimum=1, maximum=24 * 60)
-    context = {"data": ops.overview(minutes=minutes)}
+    period = params.choice(request.GET, "period", ops.PERIODS) or "hour"
+    context = {
+        "data": ops.overview(minutes=minutes),
+        "history": ops.history(period),
+        "period": period,
+        "periods": list(ops.PERIODS),
+        "queues": ops.queue_depths(),
+        "workers_alive": ops.workers_alive(),
+    }
     template = "routing/_ops_body.html" if request.GET.get("partial") else "routing/ops.html"
     return render(request, template, context)
 
@@ -137,7 +178,7 @@ ANALYTICS_CHARTS = {
 def analytics_page(request: HttpRequest) -> HttpResponse:
     base = analytics.default_filters(days=7)
     since, until = params.period(request.GET)
-    conductors = list(ConductorVersion.objects.order_by("name").values_list("name", flat=True))
+    conductors = conductor_names()
     filters = analytics.Filters(
         since=since or base.since,
         until=until or base.until,

@@ -1,3 +1,5 @@
+"""The training API's router."""
+
 from rest_framework import routers
 
 from .api import READERS, ConductorViewSet, DatasetViewSet, EvaluationViewSet, JobViewSet, RolloutBatchViewSet

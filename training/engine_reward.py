@@ -9,11 +9,15 @@ from django.db import transaction
 
 from audit.actions import Action
 from audit.services import event_record
-from routing import replay
+from routing import engine, replay
 from routing.models import ConductorVersion, Run
+from routing.services import conductor_active
 
-from .models import JobStatus, RolloutBatch, TrainingJob
-from .trainers import SERVICE
+from .lora import completion_text
+from .models import JobStatus, Rollout, RolloutBatch, TrainingJob
+from .rewards import RewardConfig, run_reward
+from .services import item_task
+from .services.common import SERVICE
 
 
 class EngineReward:
@@ -26,7 +30,6 @@ class EngineReward:
     __name__ = "engine_reward"
 
     def __init__(self, job: TrainingJob):
-        from .rewards import RewardConfig
 
         self.job = job
         self.config = RewardConfig(
@@ -61,13 +64,6 @@ class EngineReward:
     def __call__(
         self, prompts: list[Any], completions: list[Any], item: list[str] | None = None, **_: Any
     ) -> list[float | None]:
-        from routing import engine
-        from routing.services import conductor_active
-
-        from .lora import completion_text
-        from .models import Rollout
-        from .rewards import run_reward
-        from .services import item_task
 
         if item is None:
             raise ValueError(

@@ -56,7 +56,8 @@ class VersionChoiceField(forms.ModelChoiceField):
 
 class DatasetChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: Dataset) -> str:
-        return f"{obj.name} v{obj.version}"
+        warning = " (nothing to learn)" if obj.teaches_nothing else ""
+        return f"{obj.name} v{obj.version}" + (f" · {obj.signal}{warning}" if obj.signal else "")
 
 
 class BatchChoiceField(forms.ModelMultipleChoiceField):

@@ -98,6 +98,20 @@ class Dataset(models.Model):
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
 
+    @property
+    def signal(self) -> str:
+        """Whether it can teach: how many of its groups carry a learning signal (a reward that differs
+        within the group; a group where every sample earned the same has advantage 0 and teaches GRPO
+        nothing). Empty for a dataset built before this was counted."""
+        counts = self.counts or {}
+        if "groups_with_signal" not in counts:
+            return ""
+        return f"{counts['groups_with_signal']} of {counts.get('groups', 0)} groups carry a learning signal"
+
+    @property
+    def teaches_nothing(self) -> bool:
+        return (self.counts or {}).get("groups_with_signal") == 0
+
 
 class TrainingJob(models.Model):
     class Backend(models.TextChoices):

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from routing.scoring.scorers import DOMAIN_SCORERS, SCORERS
+
 from .rewards import RewardConfig, reward_of
 
 FEATURES = 4096  # hashed words and word pairs (v1 and v2)
@@ -233,7 +235,6 @@ def answer_key(answer: str) -> str:
 def agree(a: str, b: str, domain: str = "") -> bool:
     """Do two extracted answers say the same thing? Keys match, or the domain's scorer accepts each
     as the other's reference (non-empty answers only)."""
-    from routing.scoring.scorers import DOMAIN_SCORERS, SCORERS
 
     key = answer_key(a)
     if not key:

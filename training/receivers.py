@@ -10,6 +10,9 @@ from django.dispatch import receiver
 from routing.models import Run, RunStatus, Task
 from routing.signals import run_finished
 
+from .models import Evaluation, EvaluationRun, Rollout, RolloutBatch
+from .services import evaluation_refresh, rollout_batch_refresh
+
 
 @receiver(run_finished, sender=Run, dispatch_uid="training.settle_item_task")
 def settle_item_task(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
@@ -31,8 +34,6 @@ def settle_item_task(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
 def settle_batch_or_evaluation(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
     """A rollout batch or an evaluation finishes (audited) when its last run ends, in that run's
     transaction: no page has to write to show it finished."""
-    from .models import Evaluation, EvaluationRun, Rollout, RolloutBatch
-    from .services import evaluation_refresh, rollout_batch_refresh
 
     # The batch's (evaluation's) row is locked before its runs are counted: two of its runs ending at
     # once each see the other finished, in turn, so the later one settles it.

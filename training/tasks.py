@@ -8,7 +8,10 @@ import time
 
 from celery import shared_task
 
+from routing.engine import advisory_lock, advisory_locked
+
 from .models import Evaluation, JobStatus, RolloutBatch, TrainingJob
+from .services import evaluation_refresh, rollout_batch_refresh
 from .trainers import run_job
 
 log = logging.getLogger(__name__)
@@ -21,7 +24,6 @@ JOB_LOCK_NAMESPACE = 0x54726E67  # "Trng": one process trains a job at a time
 def train_job(job_id: int) -> None:
     """Train one job. The job's advisory lock keeps a second delivery out while one process trains it; a
     job whose process died (lock free, still running) starts again from the beginning on redelivery."""
-    from routing.engine import advisory_lock
 
     with advisory_lock(JOB_LOCK_NAMESPACE, job_id) as acquired:
         if acquired:
@@ -29,7 +31,6 @@ def train_job(job_id: int) -> None:
 
 
 def job_is_locked(job_id: int) -> bool:
-    from routing.engine import advisory_locked
 
     return advisory_locked(JOB_LOCK_NAMESPACE, job_id)
 
@@ -38,7 +39,6 @@ def job_is_locked(job_id: int) -> bool:
 def settle() -> dict[str, int]:
     """The backstop: mark finished rollout batches and evaluations (done when their last run ends, by
     training.receivers), and queue again the training jobs whose process died."""
-    from .services import evaluation_refresh, rollout_batch_refresh
 
     requeued = 0
     for job_id in TrainingJob.objects.filter(status=JobStatus.RUNNING).values_list("pk", flat=True):

@@ -18,6 +18,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from routing.conductors import LLMConductor, PlanRequest, WorkerCard
+
 # Qwen's special tokens (S105: vocabulary entries, not secrets).
 BOS_TOKEN = "<|endoftext|>"  # noqa: S105
 EOS_TOKEN = "<|im_end|>"  # noqa: S105 - ends an assistant turn, as in Qwen's chat format
@@ -63,7 +65,6 @@ def conductor_corpus() -> list[str]:
 
     Uses routing.conductors (Django models are imported, so Django must be set up).
     """
-    from routing.conductors import LLMConductor, PlanRequest, WorkerCard
 
     workers = [
         WorkerCard("gpt-4o-mini-2024-07-18", "openai", "fast and cheap", Decimal("0.15"), Decimal("0.60")),

@@ -18,15 +18,19 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from audit.actions import Action
-from audit.services import Actor, event_record
+from audit.services import event_record
 from routing import replay
 from routing.models import ConductorVersion
 from routing.secrets import redact
 
+from .engine_reward import EngineReward
+from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
+from .policy import GRPOConfig, Policy, default_actions, simulate, train
+from .services import dataset_files, replay_items
+from .services.common import SERVICE
 
 log = logging.getLogger(__name__)
-SERVICE = Actor.service("training")
 
 
 class Cancelled(Exception):
@@ -144,7 +148,6 @@ def _progress(job: TrainingJob, step: int, total: int, values: dict[str, Any]) -
 
 
 def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
-    from .services import dataset_files, replay_items
 
     if job.dataset is not None:
         path = dataset_files(job.dataset)["train.jsonl"]
@@ -156,7 +159,6 @@ def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
 
 
 def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
-    from .policy import GRPOConfig, Policy, default_actions, simulate, train
 
     items = _job_items(job)
     if not items:
@@ -199,10 +201,6 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
 
 def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     import datasets
-
-    from .engine_reward import EngineReward
-    from .lora import run_grpo_lora
-    from .services import dataset_files
 
     if job.dataset is None:  # the service refuses a LoRA job without one
         raise ValueError("a LoRA job trains on a dataset, and this one has none")

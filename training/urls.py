@@ -1,3 +1,5 @@
+"""The ML staff's pages: training home, jobs (progress, cancel, artifacts), rollouts, datasets, evaluations, rollback."""
+
 from django.urls import path
 
 from . import views

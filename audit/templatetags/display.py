@@ -34,3 +34,15 @@ def controls_visible(value: Any) -> SafeString:
     """The value escaped (unless already safe), with invisible bidi and zero-width characters shown."""
     escaped = str(conditional_escape(value))
     return mark_safe(CONTROLS.sub(_marker, escaped))  # noqa: S308 - escaped above; markers are ours
+
+
+@register.inclusion_tag("_filter_select.html")
+def filter_select(name: str, options: Any, current: Any, any_label: str) -> dict[str, Any]:
+    """A list filter's <select>: `options` are values, or (value, label) pairs; `current` is chosen."""
+    pairs = [o if isinstance(o, list | tuple) else (o, o) for o in options]
+    return {
+        "name": name,
+        "options": pairs,
+        "current": "" if current is None else str(current),
+        "any_label": any_label,
+    }

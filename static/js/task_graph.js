@@ -1,34 +1,37 @@
-// Live workflow graph. The REST API is the source of truth; the websocket only says "something
-// changed" with a gap-free sequence number per run. A gap, a reconnect or a new plan means: re-read.
+// Live workflow graph. The REST API is the source of truth; the task's websocket only says "something
+// changed", and the page re-reads the task over the API (static/js/live.js: coalesced, one read at a
+// time, reconnect with backoff) and redraws. lastSeq is the run's audit sequence as last read.
 (function () {
   "use strict";
   const graph = document.getElementById("graph");
   const panel = document.getElementById("node-panel");
-  const liveState = document.getElementById("live-state");
   const runStatus = document.getElementById("run-status");
   const taskId = graph.dataset.task;
-  const api = graph.dataset.api;
-  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them.
-  const CONTROLS = /[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]/g;
+  const visible = Live.visible;
   const COLORS = { pending: "#c9ced6", running: "#2456c7", succeeded: "#1d7a3e", failed: "#b42318", skipped: "#9a6700" };
-  const state = { task: null, run: null, lastSeq: 0, steps: new Map(), selected: null, socket: null, reloads: 0, latencies: [] };
-  window.__conductorGraph = state; // for tests and debugging
+  const graphState = { task: null, run: null, lastSeq: 0, steps: new Map(), selected: null };
+
+  // The legend of the status colours, from the colours themselves.
+  document.getElementById("graph-legend").replaceChildren(...Object.entries(COLORS).map(([status, color]) => {
+    const item = document.createElement("li");
+    const dot = document.createElement("span");
+    dot.className = "dot";
+    dot.style.background = color;
+    item.append(dot, document.createTextNode(status));
+    return item;
+  }));
 
   function latestRun(task) {
     const runs = (task.runs || []).filter((r) => r.kind === "live" || r.kind === "retry");
     return runs.length ? runs[0] : (task.runs || [])[0] || null;
   }
 
-  async function reload() {
-    const mine = (state.reloads += 1);
-    const response = await fetch(api, { headers: { Accept: "application/json" }, credentials: "same-origin" });
-    if (!response.ok) { runStatus.textContent = "Could not load the task (" + response.status + ")."; return; }
-    const task = await response.json();
-    if (mine !== state.reloads) return; // a newer re-read is on its way: never draw an older state over it
+  function apply(task, state) {
     state.task = task;
-    state.run = latestRun(state.task);
+    state.run = latestRun(task);
     state.lastSeq = state.run ? state.run.audit_seq : 0;
     draw();
+    return false; // a finished task can still get a retry run: keep following
   }
 
   function deps(step) {
@@ -184,7 +187,8 @@
       yaxis: { visible: false, range: yRange },
       annotations: arrows, shapes,
     };
-    Plotly.react(graph, traces, layoutSpec, { displayModeBar: false, responsive: true });
+    Plotly.react(graph, traces, layoutSpec, Charts.config);
+    RunTimeline.draw("timeline", run);
     graph.dataset.nodes = String(nodes.length);
     graph.dataset.runStatus = run.status;
     if (!graph.__clickBound) {
@@ -194,9 +198,6 @@
     if (state.selected) renderPanel(state.steps.get(state.selected));
   }
 
-  function visible(text) {
-    return String(text).replace(CONTROLS, (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
-  }
   function el(tag, text, cls) { const e = document.createElement(tag); if (text != null) e.textContent = visible(text); if (cls) e.className = cls; return e; }
 
   function select(stepId) { state.selected = stepId; draw(); }
@@ -222,35 +223,11 @@
     }
   }
 
-  function onEvent(event) {
-    if (!state.run || event.run !== state.run.id || event.seq <= state.lastSeq) {
-      if (!state.run || event.run !== state.run.id) reload();
-      return; // an old or repeated event
-    }
-    if (event.seq !== state.lastSeq + 1) { reload(); return; } // a gap: re-read, never guess
-    state.lastSeq = event.seq;
-    const step = event.object === "step" ? state.steps.get(Number(event.id)) : null;
-    if (step && (event.action === "step.started" || event.action === "step.succeeded" || event.action === "step.failed")) {
-      if (event.action === "step.started") { step.status = "running"; draw(); return; }
-    }
-    reload(); // finished steps, plans and run ends carry content the event does not: read it
-  }
-
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const socket = new WebSocket(scheme + location.host + "/ws/tasks/" + taskId + "/");
-    state.socket = socket;
-    socket.onopen = () => { liveState.textContent = "live"; liveState.className = "status status-succeeded"; reload(); };
-    socket.onmessage = (msg) => {
-      const event = JSON.parse(msg.data);
-      if (event.sent_at) state.latencies.push(Date.now() / 1000 - event.sent_at); // commit to this page, seconds
-      onEvent(event);
-    };
-    socket.onclose = () => {
-      liveState.textContent = "reconnecting…"; liveState.className = "status status-queued";
-      setTimeout(connect, 1000);
-    };
-  }
-
-  reload().then(connect);
+  // For tests and debugging: the live state (socket, events, latencies) with the graph's own.
+  const state = Object.assign(Live.follow({
+    source: graph.dataset.api, as: "json", socket: "/ws/tasks/" + encodeURIComponent(taskId) + "/",
+    badge: document.getElementById("live-state"), readNow: true,
+    apply: (task) => apply(task, state),
+  }), graphState);
+  window.__conductorGraph = state;
 })();

@@ -1,13 +1,8 @@
-// ML staff's training pages: the launch form's backend switch, a job's live curves, an evaluation's chart.
-// Data comes from json_script blocks or JSON responses; it is written with textContent, never as HTML.
+// ML staff's training pages: the launch form's backend switch, a job's live curves, an evaluation's
+// chart. Both follow the server with static/js/live.js and draw with static/js/charts.js. Data comes
+// from json_script blocks or JSON responses; it is written with textContent, never as HTML.
 (function () {
   "use strict";
-  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them.
-  const CONTROLS = /[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]/g;
-  const visible = (text) => String(text).replace(CONTROLS,
-    (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
-  const base = { margin: { l: 60, r: 20, t: 10, b: 50 }, height: 340, paper_bgcolor: "#fff", plot_bgcolor: "#fff", legend: { orientation: "h" } };
-  const config = { displayModeBar: false, responsive: true };
 
   // --- The launch form: show the chosen backend's settings only. --------------------------------
   const backend = document.getElementById("id_job-backend");
@@ -27,14 +22,49 @@
     const state = JSON.parse(jobData.textContent);
     const curves = document.getElementById("job-curves");
     const bar = document.getElementById("job-progress");
-    const traces = {}; // metric key -> trace index
+    const charts = {}; // metric key -> its chart's element
     let lastStep = -1;
     let drawing = Promise.resolve();
 
-    const MONEY = /usd|cost/i;
+    // Small multiples: one chart per metric, each with its own labelled axis and unit (rewards,
+    // accuracy, dollars and losses never share an axis). A metric not listed gets its key as title.
+    const METRICS = {
+      reward: { title: "Mean reward", unit: "reward" },
+      reward_std: { title: "Reward spread (std)", unit: "reward" },
+      accuracy: { title: "Accuracy", unit: "share correct", tickformat: ".0%", range: [0, 1.05] },
+      usd_per_1000: { title: "Cost", unit: "USD per 1,000 tasks", tickprefix: "$" },
+      loss: { title: "Loss", unit: "loss" },
+      kl: { title: "KL to the reference", unit: "nats" },
+      learning_rate: { title: "Learning rate", unit: "learning rate", exponentformat: "e" },
+      grad_norm: { title: "Gradient norm", unit: "L2 norm" },
+    };
+    const describe = (key) => METRICS[key] || { title: key.replace(/_/g, " "), unit: key };
+    const ORDER = Object.keys(METRICS);
+    const rank = (key) => (ORDER.includes(key) ? ORDER.indexOf(key) : ORDER.length);
+
+    function chartFor(key) {
+      if (charts[key]) return { el: charts[key], created: false };
+      const d = describe(key);
+      const figure = document.createElement("figure");
+      figure.className = "curve";
+      figure.dataset.metric = key;
+      const caption = document.createElement("figcaption");
+      caption.textContent = d.title;
+      const el = document.createElement("div");
+      el.className = "chart small";
+      figure.append(caption, el);
+      // Keep the charts in a fixed order: the known metrics first, as listed, then the others by name.
+      const after = Array.from(curves.children).find((f) => rank(f.dataset.metric) > rank(key)
+        || (rank(f.dataset.metric) === rank(key) && f.dataset.metric > key));
+      curves.insertBefore(figure, after || null);
+      charts[key] = el;
+      curves.querySelectorAll(":scope > p.muted").forEach((n) => n.remove());
+      return { el, created: true };
+    }
+
     const numeric = (v) => typeof v === "number" && Number.isFinite(v);
 
-    // Plot the new points: extend the traces that exist, add a trace for a key seen for the first time.
+    // Plot the new points: extend a metric's chart, or draw it the first time its key is seen.
     function addPoints(metrics) {
       if (!metrics.length) return;
       const fresh = {}; // key -> {x: [], y: []}
@@ -47,25 +77,17 @@
           fresh[key].y.push(value);
         }
       }
-      drawing = drawing.then(() => {
-        const known = Object.keys(fresh).filter((k) => k in traces);
-        const added = Object.keys(fresh).filter((k) => !(k in traces)).sort();
-        const steps = [];
-        if (known.length) {
-          steps.push(() => Plotly.extendTraces(curves, { x: known.map((k) => fresh[k].x), y: known.map((k) => fresh[k].y) }, known.map((k) => traces[k])));
-        }
-        if (added.length) {
-          steps.push(() => {
-            const start = curves.data.length;
-            added.forEach((k, i) => { traces[k] = start + i; });
-            // Money is on its own axis, on the right: dollars per 1,000 tasks dwarf rewards and losses.
-            return Plotly.addTraces(curves, added.map((k) => ({
-              type: "scatter", mode: "lines+markers", name: k, x: fresh[k].x, y: fresh[k].y, yaxis: MONEY.test(k) ? "y2" : "y",
-            })));
-          });
-        }
-        return steps.reduce((p, step) => p.then(step), Promise.resolve());
-      });
+      drawing = drawing.then(() => Promise.all(Object.keys(fresh).sort().map((key) => {
+        const { el, created } = chartFor(key);
+        if (!created) return Plotly.extendTraces(el, { x: [fresh[key].x], y: [fresh[key].y] }, [0]);
+        const d = describe(key);
+        return Charts.plot(el, [{ type: "scatter", mode: "lines+markers", name: d.title, x: fresh[key].x, y: fresh[key].y,
+          hovertemplate: "step %{x}: %{y}<extra></extra>" }], {
+          height: 220, showlegend: false, margin: { l: 64, r: 12, t: 8, b: 44 },
+          xaxis: { title: "step", rangemode: "tozero" },
+          yaxis: { title: d.unit, tickformat: d.tickformat, tickprefix: d.tickprefix, exponentformat: d.exponentformat, range: d.range },
+        });
+      })));
     }
 
     function show(s) {
@@ -78,10 +100,10 @@
       document.getElementById("job-step").textContent = s.step + "/" + s.total_steps;
       const log = document.getElementById("job-log");
       const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-      log.textContent = visible(s.log_tail);
+      log.textContent = Live.visible(s.log_tail);
       if (atBottom) log.scrollTop = log.scrollHeight;
       const error = document.getElementById("job-error");
-      error.textContent = visible(s.error || "");
+      error.textContent = Live.visible(s.error || "");
       error.hidden = !s.error;
       if (s.artifact_path) document.getElementById("job-artifact-path").textContent = s.artifact_path;
       if (s.candidate) {
@@ -118,48 +140,51 @@
       }
     }
 
-    function poll() {
-      fetch(state.progress_url + "?after=" + encodeURIComponent(lastStep), { headers: { Accept: "application/json" }, credentials: "same-origin" })
-        .then((r) => { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
-        .then((s) => {
-          addPoints(s.metrics);
-          show(s);
-          if (!s.finished) setTimeout(poll, 1000);
-        })
-        .catch(() => setTimeout(poll, 3000)); // the server restarting: try again, more slowly
-    }
-
-    drawing = Plotly.newPlot(curves, [], {
-      ...base, margin: { ...base.margin, r: 70 }, xaxis: { title: "step" }, yaxis: { title: "value" },
-      yaxis2: { title: "USD", overlaying: "y", side: "right", showgrid: false },
-    }, config);
+    const waiting = document.createElement("p");
+    waiting.className = "muted";
+    waiting.textContent = "No points yet: a chart per metric appears with the job's first step.";
+    curves.replaceChildren(waiting);
     addPoints(state.metrics);
     drawing.then(() => { document.body.dataset.curvesReady = "1"; });
     show(state);
-    if (!state.finished) setTimeout(poll, 1000);
+    if (!state.finished) {
+      window.__conductorJob = Live.follow({ // for tests and debugging
+        source: () => state.progress_url + "?after=" + encodeURIComponent(lastStep),
+        as: "json", every: 1000, badge: document.getElementById("job-live"),
+        apply(s) { addPoints(s.metrics); show(s); return s.finished; },
+      });
+    }
   }
 
-  // --- An evaluation's page: candidate and baseline on accuracy vs cost. -------------------------
-  const evalData = document.getElementById("evaluation-data");
-  if (evalData) {
-    const points = JSON.parse(evalData.textContent);
+  // --- An evaluation's page: candidate and baseline on accuracy vs cost, followed until it finishes.
+  const summary = document.getElementById("evaluation-summary");
+  if (summary) {
     const chart = document.getElementById("evaluation-chart");
-    if (!points.length) {
-      chart.classList.add("empty");
-      chart.textContent = "No results yet.";
-      document.body.dataset.chartsReady = "1";
-    } else {
-      const colors = { candidate: "#2456c7", baseline: "#8a93a3" };
-      Plotly.newPlot(chart, points.map((p) => ({
+    const colors = { candidate: "#2456c7", baseline: "#8a93a3" };
+    const draw = (points) => {
+      if (!points.length) return Charts.empty(chart, "No results yet.");
+      return Charts.plot(chart, points.map((p) => ({
         type: "scatter", mode: "markers+text", name: p.side + ": " + p.name,
         x: [Number(p.usd_per_1000)], y: [p.accuracy], text: [p.name], textposition: "top center", cliponaxis: false,
         marker: { size: 14, color: colors[p.side] || "#1d2330", symbol: p.side === "candidate" ? "diamond" : "circle" },
         hovertext: [p.name + ": accuracy " + Number(p.accuracy).toFixed(3) + ", $" + Number(p.usd_per_1000).toFixed(4) + " per 1,000 tasks"
           + (p.n != null ? ", n = " + p.n + (p.total != null && p.total !== p.n ? " of " + p.total + " done" : "") : "")], hoverinfo: "text",
-      })), { ...base, xaxis: { title: "USD per 1,000 tasks", rangemode: "tozero" }, yaxis: { title: "accuracy", range: [0, 1.05] } }, config)
-        .then(() => { document.body.dataset.chartsReady = "1"; });
+      })), { height: 340, xaxis: { title: "USD per 1,000 tasks", rangemode: "tozero" }, yaxis: { title: "accuracy", range: [0, 1.05] } });
+    };
+    const points = (doc) => JSON.parse(doc.getElementById("evaluation-data").textContent);
+    draw(points(document));
+    Charts.ready();
+    if (summary.dataset.refresh === "1") {
+      window.__conductorEvaluation = Live.follow({ // for tests and debugging
+        source: () => location.pathname, as: "html", every: 3000, badge: document.getElementById("evaluation-live"),
+        apply(copy) {
+          const fresh = copy.getElementById("evaluation-summary");
+          if (!fresh) throw new Error("not this evaluation's page");
+          Live.swap(summary, fresh);
+          draw(points(copy));
+          return summary.dataset.refresh !== "1";
+        },
+      });
     }
-    const summary = document.getElementById("evaluation-summary");
-    if (summary && summary.dataset.refresh === "1") setTimeout(() => window.location.reload(), 3000);
   }
 })();

@@ -53,6 +53,9 @@ def chromium(daphne):
         yield browser
 
 
+LIVE_SETTLED = "() => !window.Live || window.Live.settled()"
+
+
 class Visit:
     """One browser context logged in as `identity` (its session cookie), collecting what went wrong."""
 
@@ -82,6 +85,8 @@ class Visit:
         assert self.page.url == self.context_base + path, f"{path} as {self.identity} went to {self.page.url}"
         self.page.wait_for_load_state("networkidle")
         wait_until(self.page, CHARTS_DRAWN)
+        # A live page has caught up (its socket open and read since): leaving now cuts no read short.
+        wait_until(self.page, LIVE_SETTLED)
         elapsed = time.monotonic() - started
         where = f"{path} as {self.identity}"
         width = self.page.evaluate("document.documentElement.scrollWidth")

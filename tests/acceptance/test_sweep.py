@@ -49,6 +49,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:task-detail": EVERYONE,
     "routing:task-graph": EVERYONE,
     "routing:worker-list": EVERYONE,
+    "routing:attempt-list": EVERYONE,
     "routing:ops": EVERYONE,
     "routing:analytics": EVERYONE,
     "training-api:job-list": TRAINING_READERS_API,
@@ -97,6 +98,8 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "training:shadow": POST_ONLY,
     "training:evaluate": POST_ONLY,
     "schema": EVERYONE_API,
+    "api-docs": EVERYONE_API,
+    "api-redoc": EVERYONE_API,
     "login": OPEN,
     "favicon": TO_STATIC,
     "logout": POST_ONLY,
@@ -112,6 +115,9 @@ PARAM_KINDS: dict[str, str] = {
     "chart": "enum",
     "conductor": "enum",
     "q": "text",
+    "source": "enum",
+    "period": "enum",
+    "worker": "enum",
     "action": "text",
     "actor": "text",
     "chain": "text",
@@ -129,6 +135,8 @@ PARAM_KINDS: dict[str, str] = {
     "sample": "prefill",  # the submit form's sample task; an unknown one prefills nothing
     "next": "prefill",  # where to go after logging in; Django ignores a foreign or odd one
     "version": "flag",  # the schema's API version: there is one, whatever is asked
+    "lang": "flag",  # the schema's language, passed on by the API docs: there is one, whatever is asked
+    "script": "flag",  # any value: Swagger UI's start-up script instead of its page (no inline script)
 }
 
 HOSTILE: dict[str, list[str]] = {

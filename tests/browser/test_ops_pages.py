@@ -43,8 +43,13 @@ def test_the_analytics_charts_render_with_data(page: Page, replay_runs, log_in, 
         # Plotly drew bars or points: the chart holds an SVG with at least one data mark.
         marks = page.locator(f"#{chart} .barlayer .point, #{chart} .scatterlayer .point")
         assert marks.count() > 0, chart
-    expect(page.locator("#chart-pareto")).to_contain_text("static-v1")
+    expect(page.locator("#chart-pareto")).to_contain_text("static-v1 (n=")  # its sample size beside it
     expect(page.locator("#chart-routing")).to_contain_text("math-l5")
+    # Every axis is titled on screen (plotly.js 3+ drops a title given as a plain string).
+    expect(page.locator("#chart-pareto .xtitle")).to_have_text("USD per 1,000 tasks")
+    expect(page.locator("#chart-pareto .ytitle")).to_have_text("accuracy")
+    expect(page.locator("#chart-cost-worker .ytitle")).to_have_text("USD")
+    expect(page.locator("#chart-routing .xtitle")).to_have_text("share of steps")
     screenshot("analytics")
 
 
@@ -63,6 +68,25 @@ def test_the_live_overview_shows_workers_and_refreshes_itself(page: Page, replay
     page.get_by_role("link", name="Overview").click()
     expect(page.locator("#ops-workers")).to_contain_text("gpt-4o-mini-2024-07-18")
     expect(page.locator("#tile-queued")).to_have_text("0")
+    # The history: the runs the engine made, as live traffic, and their calls' latency per worker.
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
+    expect(page.locator("#chart-ops-runs .legendtext")).to_have_text(["live"])
+    assert page.locator("#chart-ops-runs .barlayer .point").count() > 0
+    expect(page.locator("#chart-ops-latency")).to_contain_text("gpt-4o-mini-2024-07-18 p95")
+    expect(page.locator("#chart-ops-errors")).to_have_text("No provider error in this period.")
+    expect(page.locator("#chart-ops-spend .ytitle")).to_have_text("USD per minute")
+    expect(page.locator("#ops-queues")).to_contain_text("runs")
+    page.evaluate("window.__noReload = 1")
     task_submit(submission=TaskSubmission(text="waiting in the queue"), source=Task.Source.API)
     expect(page.locator("#tile-queued")).to_have_text("1", timeout=12_000)  # the page re-read itself
+    expect(page.locator("#ops-live")).to_have_text("live")
+    # Redrawn from the fresh copy's data, not wiped by the swap.
+    assert page.locator("#chart-ops-runs .barlayer .point").count() > 0
+    assert page.evaluate("window.__noReload") == 1, "the overview reloaded instead of re-reading"
     screenshot("ops-overview")
+    # Another period: a link, a new page.
+    page.get_by_role("link", name="last week").click()
+    expect(page.locator("#ops-history strong")).to_have_text("last week")
+    wait_until(page, "document.body.dataset.chartsReady === '1'")
+    assert page.locator("#chart-ops-runs .barlayer .point").count() > 0
+    screenshot("ops-overview-week")

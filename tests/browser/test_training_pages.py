@@ -14,10 +14,15 @@ from training.models import JobStatus, TrainingJob, TrainingMetric
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
-POINTS_JS = """() => {
-  const div = document.getElementById('job-curves');
-  return (div && div.data ? div.data : []).reduce((n, trace) => n + trace.x.length, 0);
-}"""
+POINTS_JS = """() => Array.from(document.querySelectorAll('#job-curves .chart'))
+  .flatMap((div) => div.data || []).reduce((n, trace) => n + trace.x.length, 0)"""
+
+# One small chart per metric: its caption, its y axis's title, how many series it holds.
+CURVES_JS = """() => Array.from(document.querySelectorAll('#job-curves figure.curve')).map((f) => {
+  const div = f.querySelector('.chart');
+  return { metric: f.dataset.metric, caption: f.querySelector('figcaption').textContent,
+           y: div.layout.yaxis.title.text, x: div.layout.xaxis.title.text, series: div.data.length };
+})"""
 
 
 def purge_training_queue() -> None:
@@ -110,7 +115,12 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     assert counts == sorted(counts) and counts[0] == 0, samples
     assert any(0 < n < points for n in counts), samples
     assert any(0 < p < 100 for p, _ in samples), samples
-    assert page.evaluate("document.getElementById('job-curves').data.length") >= 1
+    # Small multiples: one chart per metric, each axis titled with its unit; the known metrics first.
+    assert page.evaluate(CURVES_JS) == [
+        {"metric": "reward", "caption": "Mean reward", "y": "reward", "x": "step", "series": 1},
+        {"metric": "accuracy", "caption": "Accuracy", "y": "share correct", "x": "step", "series": 1},
+        {"metric": "usd_per_1000", "caption": "Cost", "y": "USD per 1,000 tasks", "x": "step", "series": 1},
+    ]
     if job.candidate_id:
         expect(page.locator("#job-candidate")).to_contain_text(job.candidate.name)
     expect(page.locator("#job-log")).not_to_be_empty()
@@ -148,3 +158,45 @@ def test_the_evaluation_page_plots_candidate_and_baseline(page: Page, log_in, sc
     expect(page.locator("#evaluation-table tr[data-side='candidate']")).to_contain_text("0.800")
     expect(page.locator("#evaluation-table tr[data-side='baseline']")).to_contain_text("static-v1")
     screenshot("training-evaluation")
+
+
+def test_a_running_evaluation_page_follows_it_to_the_end_without_a_reload(page: Page, log_in, screenshot):
+    """The page re-reads itself (static/js/live.js) and swaps in the summary and the chart: no
+    reload, the reader's place kept, and it stops following once the evaluation has finished."""
+    from routing.models import ConductorVersion
+    from routing.services import conductor_active
+    from training.models import Evaluation
+
+    evaluation = Evaluation.objects.create(
+        candidate=ConductorVersion.objects.create(name="learned-live", backend="learned"),
+        baseline=conductor_active(),
+        status=JobStatus.RUNNING,
+    )
+    log_in("mira", Role.ML_STAFF)
+    page.goto(f"/training/evaluations/{evaluation.pk}/")
+    expect(page.locator("#evaluation-chart")).to_have_text("No results yet.")
+    expect(page.locator("#evaluation-live")).to_have_text("live", timeout=10_000)
+    page.evaluate("window.__noReload = 1")
+    navigations: list[str] = []
+    page.on(
+        "framenavigated", lambda frame: navigations.append(frame.url) if frame == page.main_frame else None
+    )
+
+    row = {"p95_plan_ms": 3.2, "n": 40, "failed": 0}
+    Evaluation.objects.filter(pk=evaluation.pk).update(
+        status=JobStatus.SUCCEEDED,
+        results={
+            "candidate": {"version": "learned-live", "accuracy": 0.8, "usd_per_1000": "2.5", **row},
+            "baseline": {"version": "static-v1", "accuracy": 0.7, "usd_per_1000": "4.0", **row},
+        },
+    )
+    expect(page.locator("#evaluation-status")).to_have_text("Succeeded", timeout=15_000)
+    expect(page.locator("#evaluation-live")).to_have_text("finished")
+    expect(page.locator("#evaluation-table tr[data-side='candidate']")).to_contain_text("0.800")
+    wait_until(page, "document.querySelectorAll('#evaluation-chart .scatterlayer .point').length === 2")
+    assert page.evaluate("window.__noReload") == 1 and navigations == [], "the page was reloaded"
+    assert page.evaluate("window.__conductorEvaluation.finished") is True
+    reads = page.evaluate("window.__conductorEvaluation.reads")
+    page.wait_for_timeout(4_000)  # longer than its period: a finished page reads no more
+    assert page.evaluate("window.__conductorEvaluation.reads") == reads
+    screenshot("training-evaluation-followed")

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import html as html_lib
+import json
+import re
 from decimal import Decimal
 
 import pytest
 
 from audit.models import Role
 from routing import engine, ops
-from routing.models import Task
+from routing.models import Attempt, Run, Task
 from routing.services import TaskSubmission, task_submit
+from tests.conftest import clear_queues
 from tests.openai_server import Reply, plan_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,7 +47,9 @@ def test_the_overview_counts_calls_errors_latency_and_alerts_on_error_rate(live_
     assert alpha["p95_ms"] >= alpha["p50_ms"] > 0
     assert alpha["cost"] == Decimal("0.003")  # 3 x 1000 input tokens at $1.00 per 1M
     assert data["spend_usd"] == Decimal("0.003")
-    assert any("alpha: 50% of 6 calls failed" in a for a in data["alerts"])
+    (alert,) = [a for a in data["alerts"] if "alpha: 50% of 6 calls failed" in a["text"]]
+    assert alert["url"].startswith("/attempts/?worker=alpha&status=failed&since=")
+    assert [(e["kind"], e["n"]) for e in alpha["errors_by_kind"]] == [("Provider error (5xx)", 3)]
     assert sum(row["runs"] for row in data["timeline"]) == 3
 
 
@@ -69,3 +75,98 @@ def test_a_worker_row_is_marked_only_when_it_crosses_the_alert_threshold(live_po
     assert alpha["error_rate"] == pytest.approx(0.5) and not alpha["alerting"]
     settings.OPS_ERROR_RATE_ALERT = 0.5
     assert next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")["alerting"]
+
+
+def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_per_bucket(live_pool):
+    server = live_pool["server"]
+    for i in range(2):  # each: a 429, then a success -> alpha fails 2 of 4 calls, all as rate_limited
+        run_task(
+            server, [Reply(status=429), Reply("ok", prompt_tokens=1000, completion_tokens=0)], text=f"q{i}"
+        )
+    rollout = run_task(server, [Reply("ok")], text="sampled").runs.get()
+    Run.objects.filter(pk=rollout.pk).update(kind=Run.Kind.ROLLOUT)
+
+    h = ops.history("hour")
+
+    assert h["bucket_s"] == 60 and len(h["buckets"]) == 61
+    assert sum(h["runs"]["live"]) == 2 and sum(h["runs"]["rollout"]) == 1
+    attempts = Attempt.objects.all()
+    assert sum(h["calls"]) == attempts.count()  # the conductor's plans are decisions, not attempts
+    failed = attempts.filter(status=Attempt.Status.RATE_LIMITED).count()
+    assert failed == 2
+    rates = [(r, c) for r, c in zip(h["error_rate"]["rate_limited"], h["calls"], strict=True) if c]
+    assert sum(r * c for r, c in rates) == pytest.approx(failed)
+    assert set(h["error_rate"]) == {"rate_limited"}
+    assert "alpha" in h["latency_ms"] and any(v is not None for v in h["latency_ms"]["alpha"]["p95"])
+    spent = sum(a.cost_usd for a in attempts)
+    assert sum(h["spend_usd_per_min"]) == pytest.approx(float(spent))  # one-minute buckets
+
+    week = ops.history("week")
+    assert week["bucket_s"] == 4 * 3600 and sum(week["runs"]["live"]) == 2
+
+
+def test_the_queues_count_what_waits_and_the_overview_says_no_worker_is_alive(live_pool, make_user):
+    from django.core.cache import cache
+    from django.test import Client
+
+    clear_queues()
+    cache.delete("ops.workers_alive")
+    for text in ("first", "second"):
+        task_submit(submission=TaskSubmission(text=text), source=Task.Source.API)  # sent, never taken
+
+    waiting = {q["queue"]: q["waiting"] for q in ops.queue_depths()}
+    assert waiting["runs"] == 2
+    assert waiting["resume"] == 0  # emptied (Redis drops the list): nothing waits, not "unknown"
+    client = Client()
+    client.force_login(make_user("olga", Role.OPERATOR))
+    html = client.get("/ops/?partial=1").content.decode()
+    assert '<td>runs</td><td class="num">2</td>' in html
+    assert "No Celery worker answered a ping" in html
+    assert 'id="ops-history-data"' in html
+    assert client.get("/ops/?period=fortnight").status_code == 400
+
+
+def test_from_a_workers_error_rate_to_its_failing_calls_and_their_error_text(client, make_user, live_pool):
+    """The overview's worker row links to its failing calls, broken down by kind; the calls page lists
+    them with the provider's error text, escaped, and says what it is filtered by."""
+    hostile = "<img src=x onerror=alert(1)> upstream overloaded"
+    body = json.dumps({"error": {"message": hostile, "type": "server_error"}}).encode()
+    server = live_pool["server"]
+    run_task(server, [Reply(status=500, raw_body=body), Reply(status=429), Reply("ok")], text="first")
+    run_task(server, [Reply("ok")], text="second")
+    client.force_login(make_user("olga", Role.OPERATOR))
+
+    overview = client.get("/ops/?partial=1").content.decode()
+
+    def link(status: str) -> str:  # the href the page shows, as a browser follows it
+        (href,) = re.findall(
+            rf'href="(/attempts/\?worker=alpha&amp;status={status}&amp;since=[^"]+)"', overview
+        )
+        return html_lib.unescape(href)
+
+    alpha = next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")
+    assert {e["kind"] for e in alpha["errors_by_kind"]} == {"Provider error (5xx)", "Rate limited (429)"}
+    alpha = {"failed_url": link("failed")}
+    kinds = {
+        "Rate limited (429)": {"url": link("rate_limited")},
+        "Provider error (5xx)": {"url": link("server_error")},
+    }
+
+    failing = client.get(alpha["failed_url"])
+    assert failing.status_code == 200
+    html = failing.content.decode()
+    rows = html.split('id="attempt-table"')[1].split("</table>")[0].split("<tr>")[2:]
+    assert len(rows) == 2  # the 500 and the 429; none of the successes
+    assert "&lt;img src=x onerror=alert(1)&gt; upstream overloaded" in html and "<img src=x" not in html
+    assert (
+        'id="filtered-by">Filtered by worker <strong>alpha</strong>, status <strong>failed</strong>' in html
+    )
+
+    only_429 = client.get(kinds["Rate limited (429)"]["url"]).content.decode()
+    assert only_429.split('id="attempt-table"')[1].count("<tr>") == 2  # the header and one call
+    everything = client.get("/attempts/").content.decode()
+    assert everything.split('id="attempt-table"')[1].count("<tr>") == 1 + Attempt.objects.count()
+    assert client.get("/attempts/?status=exploded").status_code == 400
+    assert client.get("/attempts/?worker=nobody").status_code == 400
+    backwards = client.get("/attempts/?since=2026-02-01&until=2026-01-01")  # a period that ends first
+    assert backwards.status_code == 400 and b"before the start of the period" in backwards.content

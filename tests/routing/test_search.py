@@ -32,6 +32,36 @@ def test_search_matches_words_in_any_form_phrases_exclusions_and_ids():
 
 
 @pytest.mark.django_db
+def test_the_short_id_the_pages_show_finds_its_task():
+    tasks = [submit(f"Question number {n}") for n in range(30)]
+    target = tasks[7]
+
+    def found(query):
+        return set(selectors.task_search(selectors.task_list(), query).values_list("pk", flat=True))
+
+    short = str(target.pk)[:8]  # as the pages show it
+    assert found(short) == {target.pk}
+    assert found(short.upper()) == {target.pk}
+    assert found(str(target.pk)[:13]) == {target.pk}  # with its dash
+    assert found(target.pk.hex[:20]) == {target.pk}
+    # A short prefix finds every task it starts, and only those.
+    prefix = str(target.pk)[:4]
+    assert found(prefix) == {t.pk for t in tasks if str(t.pk).startswith(prefix)}
+    # Not an id's beginning: an ordinary word search, which finds nothing here.
+    assert found("zz" + short) == set()
+    assert found("numbered") == {t.pk for t in tasks}  # words still work
+
+
+@pytest.mark.django_db
+def test_a_word_that_looks_like_an_id_finds_by_either():
+    cafe = submit("Which cafe opens first on Sunday?")
+    other = submit("Another question entirely")
+    found = set(selectors.task_search(selectors.task_list(), "cafe").values_list("pk", flat=True))
+    assert cafe.pk in found
+    assert found - {cafe.pk} == ({other.pk} if other.pk.hex.startswith("cafe") else set())
+
+
+@pytest.mark.django_db
 def test_the_search_can_use_the_full_text_index():
     submit("A question about prime numbers")
     with connection.cursor() as cursor:

@@ -293,6 +293,63 @@ def test_the_task_page_shows_steps_workers_and_costs(client, live_pool):
     assert "<td>all earlier</td>" in html and "<td>nothing</td>" in html
 
 
+def test_the_task_list_shows_who_answered_where_it_went_and_filters_by_them(client, live_pool):
+    server = live_pool["server"]
+    outer = plan_json(("alpha", "Draft", []), ("conductor", "Decide whether to check the draft", "all"))
+    inner = plan_json(("gamma", "Check the draft", "all"))
+
+    def conductor(body):
+        text = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+        if "checked by a nested plan" not in text:
+            return Reply(plan_json(("beta", "Answer", [])))
+        return Reply(inner if "You were called as a step" in text else outer)
+
+    server.program("conductor", conductor)
+    server.program("alpha", [Reply("draft answer")])
+    server.program("beta", [Reply("plain answer")])
+    server.program("gamma", [Reply("checked answer")])
+    nested, _ = task_submit(
+        submission=TaskSubmission(text="A task checked by a nested plan", max_depth=1), source=Task.Source.API
+    )
+    plain, _ = task_submit(submission=TaskSubmission(text="A plain task"), source=Task.Source.CLI)
+    for task in (nested, plain):
+        engine.execute_run(task.runs.get().pk)
+
+    def rows(url: str) -> list[str]:
+        html = page(client, url)
+        body = html.split('id="task-table"')[1].split("</table>")[0] if 'id="task-table"' in html else ""
+        return body.split("<tr>")[2:]  # after the header row
+
+    listed = rows("/")
+    assert len(listed) == 2
+    row = next(r for r in listed if "nested plan" in r)
+    cells = [c.split("</td>")[0] for c in row.split("<td")[1:]]
+    assert f"<code>{str(nested.pk)[:8]}</code>" in cells[0]
+    assert cells[2] == ">REST API"  # its source
+    # The worker that wrote the final answer is gamma, in the nested plan: not the conductor step.
+    assert "<td>gamma</td>" in row and "<td>conductor</td>" not in row
+    assert "<td>acme, globex</td>" in row  # alpha (acme) and gamma (globex)
+    assert " s</td>" in row  # its latency
+    assert "<td>beta</td>" in next(r for r in listed if "plain task" in r)
+
+    assert [("nested plan" in r) for r in rows("/?worker=gamma")] == [True]
+    assert '<option value="gamma" selected>gamma</option>' in page(client, "/?worker=gamma")  # kept chosen
+    assert [("plain task" in r) for r in rows("/?worker=beta")] == [True]
+    assert [("nested plan" in r) for r in rows("/?vendor=globex")] == [True]
+    assert [("plain task" in r) for r in rows("/?source=cli")] == [True]
+    assert len(rows("/?conductor=llm-test")) == 2
+    assert rows("/?vendor=nobody") == []
+    # The short id the pages show finds its task; the list says what it is filtered by.
+    html = page(client, f"/?q={str(plain.pk)[:8]}&source=cli")
+    assert "A plain task" in html and "nested plan" not in html
+    assert 'id="filtered-by">Filtered by search <strong>' in html and "source <strong>cli</strong>" in html
+    # Values that exist nowhere are refused with the reason, never ignored.
+    for bad in ("worker=nobody", "conductor=nope", "source=fax"):
+        response = client.get(f"/?{bad}")
+        assert response.status_code == 400, bad
+        assert bad.split("=")[0].encode() in response.content
+
+
 def test_an_unknown_task_is_404(client):
     assert client.get(f"/tasks/{uuid.uuid4()}/").status_code == 404
 

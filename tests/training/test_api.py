@@ -381,6 +381,8 @@ def test_a_dataset_from_finished_rollouts(ml, make_user, replay_pool, var_dir):
         "completions": 3,
         "skipped_groups": 0,
         "ungraded_samples": 0,
+        "groups_with_signal": 1,
+        "reward_spread_mean": 1.0,
     }
     assert dataset.reward_config == {"correctness": 1.0, "cost_penalty_per_usd": 0.0, "format_term": True}
     assert dataset.filter["batch_ids"] == [batch_id] and dataset.filter["conductor_version"] == version.name

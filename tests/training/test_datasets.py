@@ -8,7 +8,7 @@ import json
 import datasets
 import pytest
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, Role
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, Decision, Run, RunStatus, Task
@@ -80,7 +80,10 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
         "completions": 3,
         "skipped_groups": 0,
         "ungraded_samples": 0,
+        "groups_with_signal": 1,
+        "reward_spread_mean": 1.0,
     }
+    assert dataset.signal == "1 of 1 groups carry a learning signal" and not dataset.teaches_nothing
     assert dataset.source_run_ids == sorted(r.pk for r in runs)
 
     files = dataset_files(dataset)
@@ -123,6 +126,30 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     assert (
         dataset_files(dataset)["train.jsonl"].read_text() != dataset_files(again)["train.jsonl"].read_text()
     )
+
+
+def test_a_dataset_whose_groups_all_earned_alike_says_it_teaches_nothing(
+    replay_pool, settings, tmp_path, make_user
+):
+    from django.test import Client
+
+    from training.forms import JobStartForm
+
+    settings.VAR_DIR = tmp_path
+    batch = rollouts_start(version=conductor_active(), items=[ITEM], k=3, temperature=1.0, actor=ACTOR)
+    execute_with_plans(batch, [plan(RIGHT)] * 3)  # three samples, one reward: every advantage is 0
+    dataset = dataset_build(
+        name="flat", batch_ids=[batch.pk], min_group_size=3, validation_fraction=0.0, actor=ACTOR
+    )
+    assert dataset.counts["groups_with_signal"] == 0 and dataset.counts["reward_spread_mean"] == 0.0
+    assert dataset.teaches_nothing and dataset.signal == "0 of 1 groups carry a learning signal"
+
+    client = Client()
+    client.force_login(make_user("mira", Role.ML_STAFF))
+    html = client.get(f"/training/datasets/{dataset.pk}/").content.decode()
+    assert "0 of 1 groups carry a learning signal" in html and "would learn nothing" in html
+    labels = [label for _, label in JobStartForm(prefix="job").fields["dataset"].choices]
+    assert "flat v1 · 0 of 1 groups carry a learning signal (nothing to learn)" in labels
 
 
 def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_refused(

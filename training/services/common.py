@@ -1,4 +1,4 @@
-"""What the training services share: their error, their limits, the guards every start goes through."""
+"""What the training services share: their actor, their error, their limits, the guards every start goes through."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import connection
 
+from audit.services import Actor
 from routing.errors import ServiceError
 from routing.models import RunStatus
 
 from .. import limits
+
+SERVICE = Actor.service("training")  # who training's own work (jobs, settling) is recorded as
 
 MAX_ITEMS = 5000
 

@@ -18,6 +18,8 @@ from django.db.models import Max
 
 from audit.actions import Action
 from audit.services import Actor, event_record
+from routing.conductors import LLMConductor
+from routing.engine.planning import plan_request, screened_workers
 from routing.limits import name_check
 from routing.models import ConductorVersion, Decision, Task
 
@@ -30,8 +32,6 @@ DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a 
 
 def conductor_prompt(task: Task) -> list[dict[str, str]]:
     """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt)."""
-    from routing.conductors import LLMConductor
-    from routing.engine.planning import plan_request, screened_workers
 
     workers, _ = screened_workers(task)
     request = plan_request(task, workers, remaining_steps=task.max_steps, depth=0)
@@ -173,8 +173,13 @@ def dataset_build(
         directory = settings.VAR_DIR / relative
         if directory.exists():
             raise TrainingError(f"{relative} exists but no dataset names it; move it away first")
+        spreads = [max(v) - min(v) for v in ([r.reward for _, r in pairs] for pairs in kept.values())]
         counts = {
             "groups": len(kept),
+            # A group whose samples all earned the same reward has advantage 0 everywhere: GRPO learns
+            # nothing from it. How many can teach, and how far rewards spread within a group.
+            "groups_with_signal": sum(spread > 1e-9 for spread in spreads),
+            "reward_spread_mean": round(sum(spreads) / len(spreads), 6) if spreads else 0.0,
             "train": len(rows["train"]),
             "validation": len(rows["validation"]),
             "completions": len(run_ids),

@@ -13,17 +13,25 @@ from audit.actions import Action
 from audit.services import Actor, event_record
 from routing import replay
 from routing.models import ConductorVersion, Decision, Run, RunStatus
+from routing.services import conductor_active
 
 from .. import limits
 from ..models import Evaluation, EvaluationRun, JobStatus
-from .common import FINISHED_RUN, MAX_ITEMS, TrainingError, check_or_refuse, queued_runs_guard, user_of
+from .common import (
+    FINISHED_RUN,
+    MAX_ITEMS,
+    SERVICE,
+    TrainingError,
+    check_or_refuse,
+    queued_runs_guard,
+    user_of,
+)
 from .items import item_task, offline_runs, replay_item_ids, replay_items
 
 
 def _evaluation_checked(
     candidate: ConductorVersion, baseline: ConductorVersion | None, split: str, limit: int
 ) -> tuple[ConductorVersion, list[replay.ReplayItem]]:
-    from routing.services import conductor_active
 
     baseline = baseline or conductor_active()
     if baseline.pk == candidate.pk:
@@ -154,7 +162,7 @@ def evaluation_refresh(evaluation: Evaluation) -> Evaluation:
             locked.status, locked.finished_at = JobStatus.SUCCEEDED, timezone.now()
             fields += ["status", "finished_at"]
             event_record(
-                actor=Actor.service("training"),
+                actor=SERVICE,
                 action=Action.EVALUATION_FINISHED,
                 obj=locked,
                 payload=results,

@@ -17,6 +17,7 @@ from .common import (
     FINISHED_RUN,
     MAX_K,
     MAX_TEMPERATURE,
+    SERVICE,
     TrainingError,
     check_or_refuse,
     queued_runs_guard,
@@ -110,7 +111,7 @@ def rollout_batch_refresh(batch: RolloutBatch) -> dict[str, int]:
             )
             if updated:
                 event_record(
-                    actor=Actor.service("training"),
+                    actor=SERVICE,
                     action=Action.ROLLOUTS_FINISHED,
                     obj=batch,
                     payload=counts,

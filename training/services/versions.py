@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -19,7 +20,6 @@ from .common import TrainingError
 
 def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
     """For an LLM conductor with an adapter: load it into the vLLM server (POST /v1/load_lora_adapter)."""
-    import httpx
 
     config = version.config
     if version.backend != ConductorVersion.Backend.LLM or not config.get("lora_path"):
