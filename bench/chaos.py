@@ -99,7 +99,8 @@ class Cluster:
         from conductor_web.celery import worker_command
 
         self.started += 1
-        log = open(self.var_dir / f"worker-{self.started}.log", "w")  # noqa: SIM115 - closed with the process
+        path = self.var_dir / f"worker-{self.started}.log"
+        log = open(path, "w")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             worker_command(concurrency=2, hostname=f"chaos{self.started}@%h", quiet=True),
             cwd=ROOT,
@@ -109,36 +110,50 @@ class Cluster:
             start_new_session=True,
         )
         self.workers.append(proc)
+        self.ready(proc, path, " ready.")
         return proc
+
+    def ready(self, proc: subprocess.Popen, log: Path, marker: str, timeout: float = 120) -> None:
+        """Wait until a process it started says it is ready. Each starts the embedded servers it finds
+        down: one still starting while the harness restarts PostgreSQL would start it again under
+        pg_ctl's restart."""
+        deadline = time.monotonic() + timeout
+        while marker not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{log.name}: not ready ({proc.poll()=}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
 
     def maintenance_worker(self) -> None:
         """Housekeeping's own process, as the demo runs it: the sweep never waits for a run's slot."""
         from conductor_web.celery import worker_command
 
-        log = open(self.var_dir / "maintenance.log", "w")  # noqa: SIM115
-        self.workers.append(
-            subprocess.Popen(
-                worker_command(concurrency=1, hostname="maintenance@%h", quiet=True, queues=("maintenance",)),
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-
-    def start_beat(self) -> None:
-        from conductor_web.celery import beat_command
-
-        log = open(self.var_dir / "beat.log", "w")  # noqa: SIM115
-        self.beat = subprocess.Popen(
-            beat_command(schedule=str(self.var_dir / "celerybeat-schedule"), loglevel="WARNING"),
+        path = self.var_dir / "maintenance.log"
+        log = open(path, "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            worker_command(concurrency=1, hostname="maintenance@%h", quiet=True, queues=("maintenance",)),
             cwd=ROOT,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self.workers.append(proc)
+        self.ready(proc, path, " ready.")
+
+    def start_beat(self) -> None:
+        from conductor_web.celery import beat_command
+
+        path = self.var_dir / "beat.log"
+        log = open(path, "w")  # noqa: SIM115
+        self.beat = subprocess.Popen(
+            beat_command(schedule=str(self.var_dir / "celerybeat-schedule"), loglevel="INFO"),
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.ready(self.beat, path, "beat: Starting")
 
     def stop(self) -> None:
         for proc in [*self.workers, *([self.beat] if self.beat else [])]:
@@ -247,7 +262,6 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
     workers = [cluster.worker(), cluster.worker()]
     cluster.maintenance_worker()
     cluster.start_beat()
-    time.sleep(8)  # workers start
     runs = []
     for i in range(args.runs):
         task, _ = task_submit(submission=TaskSubmission(text=f"Chaos task chaos-{i}"), source=Task.Source.API)

@@ -34,6 +34,9 @@ from . import limits, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
+from .services.evaluations import BOOTSTRAP_RESAMPLES
+
+ITEMS_SHOWN = 100  # of the items won, and of those lost, on an evaluation's page
 
 READERS = (Role.ML_STAFF, Role.AUDITOR)
 WRITERS = (Role.ML_STAFF,)
@@ -231,6 +234,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         for row in sides
         if row.get("accuracy") is not None and row.get("usd_per_1000") is not None
     ]
+    comparison = services.evaluation_comparison(evaluation)
     return render(
         request,
         "training/evaluation_detail.html",
@@ -239,6 +243,13 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
             "sides": sides,
             "chart": chart,
             "refresh": evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING),
+            "comparison": comparison,
+            "item_lists": [("Won", comparison.won, "won"), ("Lost", comparison.lost, "lost")],
+            "item_limit": ITEMS_SHOWN,
+            "resamples": f"{BOOTSTRAP_RESAMPLES:,}",
+            "can_promote": has_role(request, WRITERS)
+            and evaluation.status == JobStatus.SUCCEEDED
+            and not evaluation.candidate.is_active,
         },
     )
 
@@ -405,14 +416,26 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
 @require_POST
 @role_required(*WRITERS)
 def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
+    """Promote a version; from an evaluation's page, only once its deltas were confirmed (they go
+    into the audit event)."""
     version = get_object_or_404(ConductorVersion, pk=version_id)
+    evidence = None
+    back = redirect("training:home")
+    evaluation_id = params.integer(request.POST, "evaluation", default=None, minimum=1, maximum=2**63 - 1)
+    if evaluation_id is not None:
+        evaluation = get_object_or_404(Evaluation, pk=evaluation_id, candidate=version)
+        back = redirect("training:evaluation", evaluation_id=evaluation.pk)
+        if request.POST.get("confirm") != "yes":
+            messages.error(request, "Not promoted: confirm the deltas first.")
+            return back
+        evidence = {"evaluation": evaluation.pk, **services.evaluation_comparison(evaluation).evidence()}
     try:
-        services.conductor_promote(version=version, actor=_actor(request))
+        services.conductor_promote(version=version, actor=_actor(request), evidence=evidence)
     except ServiceError as exc:
         messages.error(request, f"Not promoted: {exc}")
     else:
         messages.success(request, f"{version.name} is now the active conductor.")
-    return redirect("training:home")
+    return back
 
 
 @require_POST

@@ -46,3 +46,15 @@ def filter_select(name: str, options: Any, current: Any, any_label: str) -> dict
         "current": "" if current is None else str(current),
         "any_label": any_label,
     }
+
+
+@register.filter
+def signed(value: Any, places: int = 3) -> str:
+    """A difference with its sign always shown (+0.050, −0.012, 0.000); '—' when there is none."""
+    if value is None or value == "":
+        return "—"
+    number = float(value)
+    text = f"{abs(number):,.{int(places)}f}"
+    if float(text.replace(",", "")) == 0:
+        return text
+    return ("+" if number > 0 else "\u2212") + text

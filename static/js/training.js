@@ -181,6 +181,9 @@
           const fresh = copy.getElementById("evaluation-summary");
           if (!fresh) throw new Error("not this evaluation's page");
           Live.swap(summary, fresh);
+          const comparison = document.getElementById("evaluation-comparison");
+          const freshComparison = copy.getElementById("evaluation-comparison");
+          if (comparison && freshComparison) Live.swap(comparison, freshComparison);
           draw(points(copy));
           return summary.dataset.refresh !== "1";
         },

@@ -284,6 +284,34 @@ def test_a_submission_while_the_broker_is_down_answers_with_its_task_and_the_swe
     clear_queues()
 
 
+def test_a_worker_holding_an_unacknowledged_message_survives_a_broker_restart(live_pool, celery_workers):
+    # Celery 5.7.0 closed the lost connection after collecting it; closing its channel restored the
+    # unacked messages through a transport already cleared, and the worker died ("Unrecoverable
+    # error: AttributeError"): every run it held waited for a worker nobody restarted.
+    three_steps(live_pool["server"], delay_s=0.1)
+    run = submit()
+    clear_queues()
+    worker = celery_workers("w1")
+    run_workflow.apply_async((run.pk,), countdown=6, queue=resume_queue())
+    wait_for(lambda: run.pk in runs_held(timedelta(0)), timeout=30, what="the worker to take the message")
+
+    restart_redis()
+
+    run = wait_for(
+        lambda: (
+            Run.objects.filter(pk=run.pk, status=RunStatus.SUCCEEDED).first()
+            or worker.proc.poll() is not None
+        ),
+        timeout=60,
+        what="the held run to finish",
+    )
+    assert worker.proc.poll() is None, "the worker died with the broker's connection:\n" + "".join(
+        worker.lines[-40:]
+    )
+    assert not any("Unrecoverable error" in line for line in worker.lines)
+    assert_paid_once_and_totals_add_up(run)
+
+
 def test_a_run_whose_message_died_with_its_worker_before_the_claim_is_sent_again(
     live_pool, celery_workers, settings
 ):

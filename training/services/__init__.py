@@ -22,7 +22,14 @@ from .datasets import (
     dataset_files,
     dataset_preview,
 )
-from .evaluations import evaluation_estimate, evaluation_refresh, evaluation_start, evaluation_summary
+from .evaluations import (
+    Comparison,
+    evaluation_comparison,
+    evaluation_estimate,
+    evaluation_refresh,
+    evaluation_start,
+    evaluation_summary,
+)
 from .items import item_task, offline_runs, replay_item_ids, replay_items
 from .jobs import (
     LEARNED_DEFAULTS,
@@ -59,6 +66,8 @@ __all__ = [
     "dataset_files",
     "dataset_preview",
     "evaluation_estimate",
+    "evaluation_comparison",
+    "Comparison",
     "evaluation_refresh",
     "evaluation_start",
     "evaluation_summary",

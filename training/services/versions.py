@@ -55,18 +55,24 @@ def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] 
         raise
 
 
-def conductor_promote(*, version: ConductorVersion, actor: Actor) -> ConductorVersion:
-    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any)."""
+def conductor_promote(
+    *, version: ConductorVersion, actor: Actor, evidence: dict[str, Any] | None = None
+) -> ConductorVersion:
+    """Make `version` the conductor that plans the next tasks (loading its adapter first, if any).
+    `evidence`: the evaluation the promotion was decided on and the deltas it stated, kept in the
+    audit event."""
     if version.is_active:
         raise TrainingError(f"{version.name} is already the active conductor")
     loaded = _activation_load(version, actor)
     try:
-        return _promote(version, actor, loaded)
+        return _promote(version, actor, loaded, evidence)
     except IntegrityError as exc:  # another promotion or a shadow change got there first
         raise TrainingError(f"{version.name} changed while being promoted; try again") from exc
 
 
-def _promote(version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | None) -> ConductorVersion:
+def _promote(
+    version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | None, evidence: dict[str, Any] | None
+) -> ConductorVersion:
     with transaction.atomic():
         previous = ConductorVersion.objects.filter(is_active=True).first()
         _leave_shadow(version, actor)
@@ -78,6 +84,7 @@ def _promote(version: ConductorVersion, actor: Actor, loaded: dict[str, Any] | N
                 "name": version.name,
                 "previous": previous.name if previous else None,
                 "adapter": loaded,
+                **({"evidence": evidence} if evidence else {}),
             },
         )
         return conductor_activate(version=version, actor=actor)
