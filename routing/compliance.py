@@ -127,6 +127,77 @@ def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, A
     return weighed
 
 
+def reached_vendor(step: Step) -> bool:
+    """Whether a step's content left for its vendor: a call was made (failed calls included)."""
+    return bool(step.vendor) and step.started_at is not None and step.status != StepStatus.PENDING
+
+
+def task_exposure(task: Task, runs: list[Any]) -> dict[str, Any]:
+    """One task's exposure map: which vendor received which piece of its content (each step's
+    instruction, and the answers of earlier steps shown to it), under the task's data class; each
+    cell names the steps whose call carried it, to link to the exact messages. `runs` carry their
+    steps as `dossier_steps`. Answers and references sent to an LLM judge are a row of their own."""
+    vendors: list[str] = []
+    rows: list[dict[str, Any]] = []
+
+    def cell(row: dict[str, Any], vendor: str, step: Step) -> None:
+        if vendor not in vendors:
+            vendors.append(vendor)
+        row["cells"].setdefault(vendor, []).append(step)
+
+    for run in runs:
+        steps = run.dossier_steps
+        by_index = {(s.decision_id, s.index): s for s in steps}
+        answers: dict[int, dict[str, Any]] = {}
+        for step in steps:
+            if not reached_vendor(step):
+                continue
+            row = {"run": run.pk, "kind": "instruction", "step": step, "cells": {}}
+            rows.append(row)
+            cell(row, step.vendor, step)
+            for index in visible_indices(step.access, step.index):
+                source = by_index.get((step.decision_id, index))
+                if source is None:
+                    continue
+                if source.pk not in answers:
+                    answers[source.pk] = {"run": run.pk, "kind": "answer", "step": source, "cells": {}}
+                    rows.append(answers[source.pk])
+                cell(answers[source.pk], step.vendor, step)
+    judged = list(_judge_calls(None, None).filter(task_id=task.pk).values_list("payload__vendor", flat=True))
+    if judged:
+        row = {"run": None, "kind": "judge", "step": None, "cells": {}, "judged": {}}
+        for vendor in judged:
+            if vendor not in vendors:
+                vendors.append(vendor)
+            row["judged"][vendor] = row["judged"].get(vendor, 0) + 1
+        rows.append(row)
+    vendors.sort()
+    for row in rows:
+        row["line"] = [(v, row["cells"].get(v, []), row.get("judged", {}).get(v, 0)) for v in vendors]
+    return {"vendors": vendors, "rows": rows, "classification": task.classification}
+
+
+def exposure_flows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """vendor_exposure's rows as a Sankey's nodes and links: data class -> vendor, weighed by the
+    steps (and judge calls) that carried it."""
+    classes = sorted({r["run__task__classification"] for r in rows})
+    vendors = sorted({r["vendor"] for r in rows})
+    nodes = classes + vendors
+    links = [
+        {
+            "source": classes.index(r["run__task__classification"]),
+            "target": len(classes) + vendors.index(r["vendor"]),
+            "value": r["steps"] + r["judged"],
+            "classification": r["run__task__classification"],
+            "vendor": r["vendor"],
+            "tasks": r["tasks"],
+        }
+        for r in rows
+        if r["steps"] + r["judged"]
+    ]
+    return {"nodes": nodes, "classes": len(classes), "links": links}
+
+
 def dossier_context(task: Task) -> dict[str, Any]:
     runs = list(task.runs.all())
     for run in runs:
@@ -149,6 +220,7 @@ def dossier_context(task: Task) -> dict[str, Any]:
     return {
         "task": task,
         "runs": runs,
+        "exposure": task_exposure(task, runs),
         "events": list(task_events(task)),
         "proof": report,
         "checkpoint": checkpoint_reference(),

@@ -131,7 +131,7 @@ PARAM_KINDS: dict[str, str] = {
     "cursor": "not found",  # DRF: a page it did not issue
     # Not filters: what they select is shown as such, and a value they cannot use is ignored.
     "partial": "flag",  # any value: the overview's auto-refreshed body
-    "download": "flag",  # any value: the dossier as a file
+    "download": "enum",  # the dossier as a file: html (or 1) or pdf
     "sample": "prefill",  # the submit form's sample task; an unknown one prefills nothing
     "next": "prefill",  # where to go after logging in; Django ignores a foreign or odd one
     "version": "flag",  # the schema's API version: there is one, whatever is asked
@@ -313,6 +313,9 @@ def test_every_task_dossier_exports(record, identities):
         response = client.get(f"/audit/tasks/{task_id}/", {"download": "1"})
         assert response.status_code == 200, f"dossier export of the {kind} task"
         assert response["Content-Disposition"].startswith("attachment;")
+        pdf = client.get(f"/audit/tasks/{task_id}/", {"download": "pdf"})
+        assert pdf.status_code == 200, f"dossier PDF of the {kind} task: {pdf.content[:300]!r}"
+        assert pdf["Content-Type"] == "application/pdf" and pdf.content.startswith(b"%PDF-")
 
 
 def test_the_websocket_admits_the_roles_the_task_page_admits(record, identities):

@@ -243,7 +243,7 @@ class Comparison:
     def evidence(self) -> dict[str, Any]:
         """The figures a promotion states (and its audit event keeps)."""
 
-        def side(d: Delta | None) -> dict[str, str] | None:
+        def side(d: Delta | None) -> dict[str, str | None] | None:
             if d is None:
                 return None
             return {k: None if v is None else str(v) for k, v in vars(d).items()}

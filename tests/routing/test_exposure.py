@@ -1,0 +1,113 @@
+"""The exposure maps: a task's content by vendor in its dossier (HTML and PDF), and data class to vendor
+over a period on the vendors page. Runs made by the real engine against loopback providers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.test import Client
+
+from audit.models import Role
+from routing import compliance, engine
+from routing.models import Step, Task
+from routing.services import TaskSubmission, task_submit
+from tests.openai_server import Reply, plan_json
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HOSTILE = "<script>alert('x')</script>"
+
+
+@pytest.fixture
+def three_steps(live_pool):
+    """alpha (acme) answers first; beta (acme) sees nothing; gamma (globex) sees alpha's answer."""
+    server = live_pool["server"]
+    server.program(
+        "conductor",
+        [Reply(plan_json(("alpha", "Find it", []), ("beta", "Check it", []), ("gamma", "Sum up", [0])))],
+    )
+    for slug in ("alpha", "beta", "gamma"):
+        server.program(slug, [Reply(f"{slug} says {HOSTILE}", prompt_tokens=50, completion_tokens=5)])
+    task, _ = task_submit(
+        submission=TaskSubmission(text=f"Exposure {HOSTILE}", classification="internal"),
+        source=Task.Source.API,
+    )
+    engine.execute_run(task.runs.get().pk)
+    return Task.objects.get(pk=task.pk)
+
+
+def steps_of(task: Task) -> dict[str, Step]:
+    return {s.worker_slug: s for s in Step.objects.filter(run__task=task)}
+
+
+def test_a_tasks_map_names_what_each_vendor_received_and_which_call_carried_it(three_steps):
+    task = three_steps
+    steps = steps_of(task)
+    context = compliance.dossier_context(task)
+    exposure = context["exposure"]
+    assert exposure["vendors"] == ["acme", "globex"] and exposure["classification"] == "internal"
+    received = {
+        (row["kind"], row["step"].worker_slug if row["step"] else None): {
+            vendor: [s.worker_slug for s in cells] for vendor, cells, _ in row["line"] if cells
+        }
+        for row in exposure["rows"]
+    }
+    assert received == {
+        ("instruction", "alpha"): {"acme": ["alpha"]},
+        ("instruction", "beta"): {"acme": ["beta"]},
+        ("instruction", "gamma"): {"globex": ["gamma"]},
+        ("answer", "alpha"): {"globex": ["gamma"]},  # only gamma was allowed to see it
+    }
+
+    auditor = Client()
+    auditor.force_login(_user("ada", Role.AUDITOR))
+    page = auditor.get(f"/audit/tasks/{task.pk}/").content.decode()
+    section = page[page.index('id="exposure-map"') :]
+    section = section[: section.index("</section>")]
+    assert f'href="/tasks/{task.pk}/#step-{steps["gamma"].pk}"' in section
+    assert len(re.findall(r'<td class="sent">', section)) == 4
+    assert HOSTILE not in page
+
+    task_page = auditor.get(f"/tasks/{task.pk}/").content.decode()
+    assert f'id="step-{steps["gamma"].pk}"' in task_page  # where the map's links land
+
+
+def test_the_dossier_exports_as_a_pdf_and_says_it_was_exported(three_steps):
+    auditor = Client()
+    auditor.force_login(_user("ada", Role.AUDITOR))
+    response = auditor.get(f"/audit/tasks/{three_steps.pk}/", {"download": "pdf"})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/pdf"
+    assert response["Content-Disposition"] == f'attachment; filename="dossier-{three_steps.pk}.pdf"'
+    assert response.content.startswith(b"%PDF-") and len(response.content) > 5000
+    from audit.models import AuditEvent
+
+    viewed = AuditEvent.objects.filter(action="record.viewed", task_id=three_steps.pk).latest("id")
+    assert viewed.payload["view"] == "dossier export (PDF)"
+    assert auditor.get(f"/audit/tasks/{three_steps.pk}/", {"download": "docx"}).status_code == 400
+
+
+def test_the_vendors_page_draws_data_class_to_vendor_and_lists_each_bands_tasks(three_steps):
+    auditor = Client()
+    auditor.force_login(_user("ada", Role.AUDITOR))
+    page = auditor.get("/audit/vendors/").content.decode()
+    data = re.search(r'<script id="exposure-data" type="application/json">(.*?)</script>', page, re.S)
+    flows = json.loads(data.group(1))
+    assert flows["nodes"] == ["internal", "acme", "globex"] and flows["classes"] == 1
+    bands = {(link["classification"], link["vendor"]): link["value"] for link in flows["links"]}
+    assert bands == {("internal", "acme"): 2, ("internal", "globex"): 1}
+
+    listed = auditor.get("/audit/vendors/", {"vendor": "globex", "classification": "internal"})
+    text = listed.content.decode()
+    assert 'id="filtered-by"' in text and f'href="/audit/tasks/{three_steps.pk}/"' in text
+
+
+def _user(name: str, role: str):
+    from django.contrib.auth import get_user_model
+
+    from audit.roles import user_set_roles
+
+    user = get_user_model().objects.create_user(username=name, password="x" * 12)
+    user_set_roles(user=user, roles=[role])
+    return user
