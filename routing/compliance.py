@@ -21,7 +21,7 @@ from audit.exports import checkpoint_reference
 from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
 
-from .models import Step, StepStatus, Task
+from .models import ConductorVersion, Step, StepStatus, Task
 from .plans import visible_indices
 
 
@@ -136,7 +136,9 @@ def task_exposure(task: Task, runs: list[Any]) -> dict[str, Any]:
     """One task's exposure map: which vendor received which piece of its content (each step's
     instruction, and the answers of earlier steps shown to it), under the task's data class; each
     cell names the steps whose call carried it, to link to the exact messages. `runs` carry their
-    steps as `dossier_steps`. Answers and references sent to an LLM judge are a row of their own."""
+    steps as `dossier_steps` and decisions as `dossier_decisions`. What an LLM conductor was sent to
+    plan (the task) and what an LLM judge was sent to grade (answer and reference) are rows of their
+    own, their columns named after the conductor version and the judge's vendor."""
     vendors: list[str] = []
     rows: list[dict[str, Any]] = []
 
@@ -146,6 +148,14 @@ def task_exposure(task: Task, runs: list[Any]) -> dict[str, Any]:
         row["cells"].setdefault(vendor, []).append(step)
 
     for run in runs:
+        planned = [d for d in run.dossier_decisions if d.backend == ConductorVersion.Backend.LLM and d.prompt]
+        if planned:  # an LLM conductor was sent the task (and, nested, the answers so far) to plan it
+            row = {"run": run.pk, "kind": "plan", "step": None, "cells": {}, "decisions": len(planned)}
+            rows.append(row)
+            vendor = f"conductor {planned[0].version_name}"
+            if vendor not in vendors:
+                vendors.append(vendor)
+            row["planned"] = {vendor: len(planned)}
         steps = run.dossier_steps
         by_index = {(s.decision_id, s.index): s for s in steps}
         answers: dict[int, dict[str, Any]] = {}
@@ -173,7 +183,10 @@ def task_exposure(task: Task, runs: list[Any]) -> dict[str, Any]:
         rows.append(row)
     vendors.sort()
     for row in rows:
-        row["line"] = [(v, row["cells"].get(v, []), row.get("judged", {}).get(v, 0)) for v in vendors]
+        row["line"] = [
+            (v, row["cells"].get(v, []), row.get("judged", {}).get(v, 0) + row.get("planned", {}).get(v, 0))
+            for v in vendors
+        ]
     return {"vendors": vendors, "rows": rows, "classification": task.classification}
 
 

@@ -46,7 +46,11 @@ def test_a_tasks_map_names_what_each_vendor_received_and_which_call_carried_it(t
     steps = steps_of(task)
     context = compliance.dossier_context(task)
     exposure = context["exposure"]
-    assert exposure["vendors"] == ["acme", "globex"] and exposure["classification"] == "internal"
+    # the LLM conductor was sent the task to plan it: a column of its own
+    assert exposure["vendors"] == ["acme", "conductor llm-test", "globex"]
+    assert exposure["classification"] == "internal"
+    plan = next(row for row in exposure["rows"] if row["kind"] == "plan")
+    assert [(v, n) for v, _, n in plan["line"] if n] == [("conductor llm-test", 1)]
     received = {
         (row["kind"], row["step"].worker_slug if row["step"] else None): {
             vendor: [s.worker_slug for s in cells] for vendor, cells, _ in row["line"] if cells
@@ -58,6 +62,7 @@ def test_a_tasks_map_names_what_each_vendor_received_and_which_call_carried_it(t
         ("instruction", "beta"): {"acme": ["beta"]},
         ("instruction", "gamma"): {"globex": ["gamma"]},
         ("answer", "alpha"): {"globex": ["gamma"]},  # only gamma was allowed to see it
+        ("plan", None): {},
     }
 
     auditor = Client()
@@ -66,7 +71,8 @@ def test_a_tasks_map_names_what_each_vendor_received_and_which_call_carried_it(t
     section = page[page.index('id="exposure-map"') :]
     section = section[: section.index("</section>")]
     assert f'href="/tasks/{task.pk}/#step-{steps["gamma"].pk}"' in section
-    assert len(re.findall(r'<td class="sent">', section)) == 4
+    assert len(re.findall(r'<td class="sent">', section)) == 5
+    assert f'href="/tasks/{task.pk}/#run-{task.runs.get().pk}">planned</a>' in section
     assert HOSTILE not in page
 
     task_page = auditor.get(f"/tasks/{task.pk}/").content.decode()
