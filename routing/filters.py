@@ -10,7 +10,18 @@ from audit import params
 from audit.filters import RuleFilter, StrictFilterSet, choice, moment
 
 from . import selectors
-from .models import CONDUCTOR_SLUG, Attempt, ConductorVersion, DataClass, Run, RunStatus, Step, Task, Worker
+from .models import (
+    CONDUCTOR_SLUG,
+    Attempt,
+    ConductorVersion,
+    DataClass,
+    Run,
+    RunStatus,
+    Step,
+    StopReason,
+    Task,
+    Worker,
+)
 
 
 def known(values: Callable[[], Iterable[str]], **kwargs) -> RuleFilter:
@@ -33,6 +44,7 @@ class TaskFilter(StrictFilterSet):
     worker = known(worker_slugs, method="with_step", label="a worker that ran one of its steps")
     vendor = RuleFilter(params.text, method="with_step", label="a vendor that received one of its steps")
     conductor = known(conductor_names, method="planned_by", label="the conductor version of one of its runs")
+    stop = choice(StopReason.values, method="stopped_by", label="why one of its runs failed")
     q = RuleFilter(
         params.text,
         method="search",
@@ -49,6 +61,11 @@ class TaskFilter(StrictFilterSet):
     def with_step(self, queryset, name, value: str):
         field = {"worker": "worker_slug", "vendor": "vendor"}[name]
         return queryset.filter(Exists(Step.objects.filter(run__task=OuterRef("pk"), **{field: value})))
+
+    def stopped_by(self, queryset, name, value: str):
+        return queryset.filter(
+            Exists(Run.objects.filter(task=OuterRef("pk"), status=RunStatus.FAILED, stop_reason=value))
+        )
 
     def planned_by(self, queryset, name, value: str):
         return queryset.filter(Exists(Run.objects.filter(task=OuterRef("pk"), conductor_version__name=value)))

@@ -152,6 +152,22 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class StopReason(models.TextChoices):
+    """Why a run failed (Run.stop_reason): the run-level error kinds, beside a provider call's."""
+
+    STEP_FAILED = "step_failed", "A step's calls failed"
+    NO_RECORDED_ANSWER = "no_recorded_answer", "No recorded answer"
+    KEY_NOT_ALLOWED = "key_not_allowed", "Key not allowed"
+    POLICY_BLOCKED = "policy_blocked", "Blocked by a data policy"
+    COST_BUDGET = "cost_budget", "Cost budget reached"
+    STEP_BUDGET = "step_budget", "Step budget reached"
+    INVALID_PLAN = "invalid_plan", "Invalid plan"
+    CONDUCTOR_UNAVAILABLE = "conductor_unavailable", "Conductor unavailable"
+    NO_WORKERS = "no_workers", "No enabled worker"
+    UNKNOWN_WORKER = "unknown_worker", "Unknown worker"
+    INTERNAL = "internal", "Internal error"
+
+
 class Task(models.Model):
     class Source(models.TextChoices):
         API = "api", "REST API"

@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu.exceptions import ChannelError, OperationalError
 
-from .models import Attempt, Run, RunStatus, Task
+from .models import Attempt, Run, RunStatus, StopReason, Task
 
 
 class Percentile(Aggregate):
@@ -125,7 +125,25 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
                     "url": row["failed_url"],
                 }
             )
-    budget_stops = Run.objects.filter(finished_at__gte=since, stop_reason="cost_budget").count()
+    # Runs that failed, by why they stopped (policy, budgets, an invalid plan, a step's calls...):
+    # each a link to those tasks.
+    stops = [
+        {
+            "reason": row["stop_reason"],
+            "label": StopReason(row["stop_reason"]).label
+            if row["stop_reason"] in StopReason.values
+            else row["stop_reason"],
+            "n": row["n"],
+            "url": reverse("routing:task-list") + "?" + urlencode({"stop": row["stop_reason"]}),
+        }
+        for row in Run.objects.filter(finished_at__gte=since, status=RunStatus.FAILED)
+        .exclude(stop_reason="")
+        .order_by()
+        .values("stop_reason")
+        .annotate(n=Count("pk"))
+        .order_by("-n", "stop_reason")
+    ]
+    budget_stops = sum(row["n"] for row in stops if row["reason"] == StopReason.COST_BUDGET)
     if budget_stops:
         alerts.append(
             {"text": f"{budget_stops} run(s) stopped at their cost budget in the last {minutes} min"}
@@ -143,6 +161,7 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
         "timeline": timeline,
         "workers": workers,
         "alerts": alerts,
+        "stops": stops,
     }
 
 

@@ -22,13 +22,15 @@ from litellm.types.utils import ModelResponse
 from litellm.utils import custom_llm_setup
 
 from . import replay
-from .models import Attempt
+from .models import Attempt, StopReason
 from .secrets import KeyNotAllowed, api_key_of, redact
 
 REPLAY_PROVIDER = "replay"
 
-NO_RECORDED_ANSWER = "no_recorded_answer"  # ProviderCallError.code: the replay pool cannot answer this
-KEY_NOT_ALLOWED = "key_not_allowed"  # ProviderCallError.code: the key reference is outside the allow-list
+# ProviderCallError.code, and the run's stop reason: the replay pool cannot answer this; the key
+# reference is outside the allow-list.
+NO_RECORDED_ANSWER = StopReason.NO_RECORDED_ANSWER
+KEY_NOT_ALLOWED = StopReason.KEY_NOT_ALLOWED
 NO_RECORDED_ANSWER_MESSAGE = (
     "replay pool: no recorded answer for this text; the offline pool only answers the benchmark items "
     "it recorded (pick a sample task on the submit page)"

@@ -15,7 +15,7 @@ from audit.services import record_viewed
 from . import analytics, ops, replay, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
-from .models import Attempt, DataClass, RunStatus, Task
+from .models import Attempt, DataClass, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
 from .services import SubmissionError, TaskSubmission, task_submit
 
@@ -25,7 +25,8 @@ def task_list(request: HttpRequest) -> HttpResponse:
     tasks = TaskFilter(request.GET, selectors.task_list())
     rows, next_page = page(request, selectors.with_answerers(tasks.qs), CreatedCursorPagination)
     applied = tasks.form.cleaned_data
-    names = ("q", "status", "classification", "source", "worker", "vendor", "conductor")
+    names = ("q", "status", "classification", "source", "worker", "vendor", "conductor", "stop")
+    shown = {"q": "search", "stop": "failed for"}
     return render(
         request,
         "routing/task_list.html",
@@ -38,10 +39,13 @@ def task_list(request: HttpRequest) -> HttpResponse:
             "workers": worker_slugs(),
             "vendors": selectors.vendor_names(),
             "conductors": conductor_names(),
+            "stops": StopReason.choices,
             "filters": {name: applied.get(name) or "" for name in names},
             # What the list is filtered by, said above it.
             "filtered": [
-                (name if name != "q" else "search", applied[name]) for name in names if applied.get(name)
+                (shown.get(name, name), StopReason(applied[name]).label if name == "stop" else applied[name])
+                for name in names
+                if applied.get(name)
             ],
         },
     )

@@ -24,6 +24,7 @@ from ..models import (
     Run,
     Step,
     StepStatus,
+    StopReason,
 )
 from ..plans import visible_indices
 from ..providers import ProviderCallError, complete, worker_api_key
@@ -83,7 +84,7 @@ def check_cost_budget(run: Run, step: Step) -> None:
     if spent >= run.task.max_usd:
         message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
         step_failed(run, step, message, note="cost budget")
-        raise RunStopped(message, stop_reason="cost_budget")
+        raise RunStopped(message, stop_reason=StopReason.COST_BUDGET)
 
 
 def backoff(attempt_number: int, retry_after: float | None) -> float:
@@ -100,12 +101,12 @@ def call_worker(run: Run, step: Step) -> None:
             f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
         )
         step_failed(run, step, message)
-        raise RunStopped(message, stop_reason="unknown_worker")
+        raise RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
     verdict = policies.judge(worker, run.task.classification, policies.active_rules())
     if not verdict.allowed:  # a rule may have changed since the plan was checked
         message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
         step_failed(run, step, message, note=f"policy {verdict.rule}")
-        raise RunStopped(message, stop_reason="policy_blocked")
+        raise RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
     counted = step.attempts.exclude(status=Attempt.Status.LOST)
     made = counted.count()
     number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
@@ -139,7 +140,7 @@ def call_worker(run: Run, step: Step) -> None:
                         + f": {exc}"
                     )
                 step_failed(run, step, message)
-                raise RunStopped(message, stop_reason=exc.code or "step_failed") from exc
+                raise RunStopped(message, stop_reason=exc.code or StopReason.STEP_FAILED) from exc
             time.sleep(backoff(made, exc.retry_after))
             number += 1
             continue

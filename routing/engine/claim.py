@@ -28,6 +28,7 @@ from ..models import (
     RunStatus,
     Step,
     StepStatus,
+    StopReason,
     Task,
 )
 from ..secrets import redact
@@ -148,7 +149,7 @@ def _execute(run: Run) -> None:
     except Exception as exc:
         # A bug: leave a clear failed state rather than a run stuck in "running".
         log.exception("run %s failed unexpectedly", run.pk)
-        fail_run(run, redact(f"internal error: {type(exc).__name__}: {exc}"), "internal")
+        fail_run(run, redact(f"internal error: {type(exc).__name__}: {exc}"), StopReason.INTERNAL)
         raise
 
 

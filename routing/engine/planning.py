@@ -20,6 +20,7 @@ from ..models import (
     Decision,
     Run,
     Step,
+    StopReason,
     Task,
     Worker,
 )
@@ -60,7 +61,7 @@ def _offerable_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Ver
         reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(
             f"no enabled worker may receive {task.classification} data ({reasons})",
-            stop_reason="policy_blocked" if withheld else "no_workers",
+            stop_reason=StopReason.POLICY_BLOCKED if withheld else StopReason.NO_WORKERS,
         )
     return workers, withheld
 
@@ -80,7 +81,7 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     remaining = task.max_steps - _steps_used(run)
     if remaining <= 0:
         raise RunStopped(
-            f"step budget of {task.max_steps} reached before planning", stop_reason="step_budget"
+            f"step budget of {task.max_steps} reached before planning", stop_reason=StopReason.STEP_BUDGET
         )
     parent_context: dict[str, Any] = {}
     if parent_step is not None:
@@ -179,11 +180,13 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         feedback = error
         last_blocked = blocked
         if run.plan_override and parent_step is None:
-            raise RunStopped(f"the given plan is invalid: {error}", stop_reason="invalid_plan")
+            raise RunStopped(f"the given plan is invalid: {error}", stop_reason=StopReason.INVALID_PLAN)
     if last_blocked is not None:
-        raise RunStopped(f"the conductor's plan was blocked twice; {feedback}", stop_reason="policy_blocked")
+        raise RunStopped(
+            f"the conductor's plan was blocked twice; {feedback}", stop_reason=StopReason.POLICY_BLOCKED
+        )
     raise RunStopped(
-        f"the conductor's plan was invalid twice; last error: {feedback}", stop_reason="invalid_plan"
+        f"the conductor's plan was invalid twice; last error: {feedback}", stop_reason=StopReason.INVALID_PLAN
     )
 
 
@@ -195,7 +198,7 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
         try:
             return conductor.propose(request)
         except ConductorUnavailable as exc:
-            raise RunStopped(str(exc), stop_reason="conductor_unavailable") from exc
+            raise RunStopped(str(exc), stop_reason=StopReason.CONDUCTOR_UNAVAILABLE) from exc
         except ProviderCallError as exc:
             made += 1
             with transaction.atomic():
@@ -213,7 +216,7 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
             if not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS:
                 raise RunStopped(
                     f"the conductor could not be reached after {made} attempt(s): {exc}",
-                    stop_reason="conductor_unavailable",
+                    stop_reason=StopReason.CONDUCTOR_UNAVAILABLE,
                 ) from exc
             time.sleep(backoff(made, exc.retry_after))
 

@@ -20,6 +20,7 @@ from ..models import (
     Run,
     Step,
     StepStatus,
+    StopReason,
 )
 from .calls import build_messages, call_worker, dependencies, visible_steps
 from .record import RunStopped, record_event
@@ -57,7 +58,7 @@ def execute_plan(run: Run, decision: Decision) -> None:
         if first_error is not None:
             raise first_error
     if len(done) != len(steps):  # pragma: no cover - the schedule above always reaches every step
-        raise RunStopped("some steps could not be scheduled", stop_reason="internal")
+        raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
 
 
 def _in_thread(fn: Any, *args: Any) -> Any:

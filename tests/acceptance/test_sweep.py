@@ -114,6 +114,7 @@ PARAM_KINDS: dict[str, str] = {
     "classification": "enum",
     "chart": "enum",
     "conductor": "enum",
+    "stop": "enum",
     "q": "text",
     "source": "enum",
     "period": "enum",

@@ -11,7 +11,7 @@ import pytest
 
 from audit.models import Role
 from routing import engine, ops
-from routing.models import Attempt, Run, Task
+from routing.models import Attempt, Run, StopReason, Task
 from routing.services import TaskSubmission, task_submit
 from tests.conftest import clear_queues
 from tests.openai_server import Reply, plan_json
@@ -170,3 +170,34 @@ def test_from_a_workers_error_rate_to_its_failing_calls_and_their_error_text(cli
     assert client.get("/attempts/?worker=nobody").status_code == 400
     backwards = client.get("/attempts/?since=2026-02-01&until=2026-01-01")  # a period that ends first
     assert backwards.status_code == 400 and b"before the start of the period" in backwards.content
+
+
+def test_failed_runs_by_reason_lead_to_their_tasks(client, make_user, live_pool):
+    server = live_pool["server"]
+    blocked, _ = task_submit(  # no worker of the pool is cleared for confidential data
+        submission=TaskSubmission(text="secret", classification="confidential"), source=Task.Source.API
+    )
+    engine.execute_run(blocked.runs.get().pk)
+    server.program("conductor", [Reply("not a plan at all")] * 2)
+    invalid, _ = task_submit(submission=TaskSubmission(text="garbled"), source=Task.Source.API)
+    engine.execute_run(invalid.runs.get().pk)
+    fine = run_task(server, [Reply("ok")], text="fine")
+    assert {Run.objects.get(task=t).stop_reason for t in (blocked, invalid, fine)} == {
+        StopReason.POLICY_BLOCKED,
+        StopReason.INVALID_PLAN,
+        "",
+    }
+
+    stops = {row["reason"]: row for row in ops.overview(minutes=15)["stops"]}
+    assert {reason: row["n"] for reason, row in stops.items()} == {"invalid_plan": 1, "policy_blocked": 1}
+    assert stops["policy_blocked"]["label"] == "Blocked by a data policy"
+
+    client.force_login(make_user("olga", Role.OPERATOR))
+    page = client.get("/ops/").content.decode()
+    assert f'href="{html_lib.escape(stops["invalid_plan"]["url"])}"' in page
+    listed = client.get(stops["policy_blocked"]["url"]).content.decode()
+    assert (
+        str(blocked.pk)[:8] in listed and str(invalid.pk)[:8] not in listed and str(fine.pk)[:8] not in listed
+    )
+    assert "failed for <strong>Blocked by a data policy</strong>" in listed
+    assert client.get("/?stop=no-such-reason").status_code == 400
