@@ -266,7 +266,15 @@ def bootstrap_interval(differences: list[float], *, seed: int) -> tuple[float, f
         return None
     values = numpy.asarray(differences, dtype=float)
     rng = numpy.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(BOOTSTRAP_RESAMPLES, len(values)))].mean(axis=1)
+    chunk = max(1, 1_000_000 // len(values))  # resamples drawn at once: about 8 MB of indices at most
+    means = numpy.concatenate(
+        [
+            values[
+                rng.integers(0, len(values), size=(min(chunk, BOOTSTRAP_RESAMPLES - done), len(values)))
+            ].mean(axis=1)
+            for done in range(0, BOOTSTRAP_RESAMPLES, chunk)
+        ]
+    )
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = numpy.percentile(means, [tail, 100 - tail])
     return float(low), float(high)
