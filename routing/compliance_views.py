@@ -43,7 +43,7 @@ def dossier(request: HttpRequest, task_id) -> HttpResponse:
         )
         if pdf:
             try:
-                body = dossier_pdf(html)
+                body = dossier_pdf(html, base_url=request.build_absolute_uri("/"))
             except OSError as exc:  # WeasyPrint could not load Pango
                 return HttpResponse(
                     f"The PDF export needs Pango on the server (make pango): {exc}",
@@ -69,12 +69,13 @@ def _no_fetching(url: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
     raise ValueError(f"the dossier's PDF loads nothing from outside itself ({url[:80]})")
 
 
-def dossier_pdf(html: str) -> bytes:
+def dossier_pdf(html: str, *, base_url: str | None = None) -> bytes:
     """The exported dossier (one self-contained HTML document, its CSS inline) as PDF, by WeasyPrint;
-    nothing is fetched while rendering."""
+    nothing is fetched while rendering. Its links (to the exact messages a step sent) are made
+    absolute against `base_url`, so they open the app from the file."""
     import weasyprint  # imported here: it loads Pango, which only this export needs
 
-    return weasyprint.HTML(string=html, url_fetcher=_no_fetching).write_pdf()
+    return weasyprint.HTML(string=html, base_url=base_url, url_fetcher=_no_fetching).write_pdf()
 
 
 @require_POST

@@ -3,8 +3,10 @@ over a period on the vendors page. Runs made by the real engine against loopback
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import zlib
 
 import pytest
 from django.test import Client
@@ -87,6 +89,11 @@ def test_the_dossier_exports_as_a_pdf_and_says_it_was_exported(three_steps):
     assert response["Content-Type"] == "application/pdf"
     assert response["Content-Disposition"] == f'attachment; filename="dossier-{three_steps.pk}.pdf"'
     assert response.content.startswith(b"%PDF-") and len(response.content) > 5000
+    gamma = Step.objects.get(run__task=three_steps, worker_slug="gamma")
+    # the map's links open the app from the file
+    assert f"http://testserver/tasks/{three_steps.pk}/#step-{gamma.pk}".encode() in pdf_objects(
+        response.content
+    )
     from audit.models import AuditEvent
 
     viewed = AuditEvent.objects.filter(action="record.viewed", task_id=three_steps.pk).latest("id")
@@ -107,6 +114,15 @@ def test_the_vendors_page_draws_data_class_to_vendor_and_lists_each_bands_tasks(
     listed = auditor.get("/audit/vendors/", {"vendor": "globex", "classification": "internal"})
     text = listed.content.decode()
     assert 'id="filtered-by"' in text and f'href="/audit/tasks/{three_steps.pk}/"' in text
+
+
+def pdf_objects(data: bytes) -> bytes:
+    """The PDF with its compressed streams inflated (WeasyPrint packs the link annotations there)."""
+    inflated = [data]
+    for match in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", data, re.S):
+        with contextlib.suppress(zlib.error):
+            inflated.append(zlib.decompress(match.group(1)))
+    return b"".join(inflated)
 
 
 def _user(name: str, role: str):
