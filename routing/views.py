@@ -26,7 +26,7 @@ def task_list(request: HttpRequest) -> HttpResponse:
     rows, next_page = page(request, selectors.with_answerers(tasks.qs), CreatedCursorPagination)
     applied = tasks.form.cleaned_data
     names = ("q", "status", "classification", "source", "worker", "vendor", "conductor", "stop")
-    shown = {"q": "search", "stop": "failed for"}
+    shown = {"q": "search", "stop": "failure"}
     return render(
         request,
         "routing/task_list.html",

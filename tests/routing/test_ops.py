@@ -199,5 +199,5 @@ def test_failed_runs_by_reason_lead_to_their_tasks(client, make_user, live_pool)
     assert (
         str(blocked.pk)[:8] in listed and str(invalid.pk)[:8] not in listed and str(fine.pk)[:8] not in listed
     )
-    assert "failed for <strong>Blocked by a data policy</strong>" in listed
+    assert "failure <strong>Blocked by a data policy</strong>" in listed
     assert client.get("/?stop=no-such-reason").status_code == 400
