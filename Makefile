@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test chromium pango stop chaos
+.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus stop chaos
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ install-demo: $(VENV)/bin/activate
 	@$(MAKE) --no-print-directory pango || echo "without Pango the dossier's PDF export answers 503; the rest works" >&2
 	$(PY) -m pip install --quiet -e '.[embedded]'
 
-install-test: $(VENV)/bin/activate chromium pango
+install-test: $(VENV)/bin/activate chromium pango prometheus
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'
 
 # Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
@@ -32,6 +32,13 @@ pango:
 	@if ! ldconfig -p | grep -q libpangoft2-1.0.so.0 || ! ldconfig -p | grep -q libharfbuzz-subset.so.0 || [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PANGO_PACKAGES); \
 	  else echo "install Pango first: sudo apt-get install $(PANGO_PACKAGES)" >&2; exit 1; fi; \
+	fi
+
+# The metrics test scrapes the app with Debian's Prometheus and queries it back.
+prometheus:
+	@if [ ! -x /usr/bin/prometheus ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	  else echo "install Prometheus first: sudo apt-get install prometheus" >&2; exit 1; fi; \
 	fi
 
 demo: install-demo

@@ -1,14 +1,48 @@
 """The Celery app, the embedded servers started when a worker or beat starts, and the command lines the demo and tests use to start them."""
 
+import logging
 import os
 import sys
+from typing import Any
 
 from celery import Celery, signals
+from celery.worker.consumer import Consumer as CeleryConsumer
 from django.conf import settings
 
 from conductor_web.embedded import start_unless_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
+
+logger = logging.getLogger(__name__)
+
+
+class Consumer(CeleryConsumer):
+    """Celery's consumer, surviving a broker restart while it holds unacknowledged messages.
+
+    Celery 5.7.0, on a lost connection, collects the connection (which detaches its transport) and
+    then closes it; closing the default channel restores its unacknowledged messages through the
+    detached transport and raises AttributeError ('NoneType' object has no attribute 'hostname'),
+    which is not a connection error: the worker died ("Unrecoverable error") and the runs it held
+    waited for a worker nobody restarted. Here that close's AttributeError is logged and the consumer
+    reconnects as Celery means it to. The messages stay in the broker's unacked index, where the
+    resume sweep finds their runs (routing.tasks.runs_held) and the visibility timeout restores them.
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        connection = self.connection
+        if connection is not None:
+            close = connection.close
+
+            def guarded_close(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return close(*args, **kwargs)
+                except AttributeError as error:
+                    logger.warning("closing the lost broker connection: %r (reconnecting)", error)
+                    return None
+
+            connection.close = guarded_close  # this connection only; it is dropped after this call
+        super().on_connection_error_after_connected(exc)
+
 
 app = Celery("conductor_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")

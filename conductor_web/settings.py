@@ -62,9 +62,11 @@ INSTALLED_APPS = [
     "routing",
     "training",
     "conductor_web",  # the project's own commands (demo, services)
+    "django_prometheus",  # request metrics on /metrics (conductor_web.metrics)
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first and last: the request's whole time
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -79,6 +81,7 @@ MIDDLEWARE = [
     "conductor_web.middleware.BadRequestMiddleware",
     # Answers a locked-out login with the lockout page (django-axes wants to be last).
     "axes.middleware.AxesMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "conductor_web.urls"
@@ -221,6 +224,8 @@ CELERY_TASK_ROUTES = {
     "training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"},
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's consumer with its lost-connection close guarded (a broker restart would kill the worker).
+CELERY_WORKER_CONSUMER = "conductor_web.celery:Consumer"
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-runs": {
@@ -275,6 +280,11 @@ OPS_SPEND_PER_MINUTE_ALERT_USD: Decimal = env_decimal("OPS_SPEND_PER_MINUTE_ALER
 # Offline runs (rollouts + evaluations) one user may have queued or running at once: a start that
 # would go above it is refused (training/limits.py), so the live queue keeps moving.
 CONDUCTOR_MAX_QUEUED_RUNS_PER_USER = env_int("CONDUCTOR_MAX_QUEUED_RUNS_PER_USER", 2000, minimum=1)
+
+# Prometheus metrics at /metrics (conductor_web.metrics): with a token set, a scrape must send it as
+# "Authorization: Bearer <token>"; without one, only loopback addresses may scrape.
+METRICS_TOKEN = env_str("CONDUCTOR_METRICS_TOKEN", "") or ""
+PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the database at start-up
 
 # litellm: never fetch the remote price map; tiktoken reads the encodings litellm ships
 # (it would otherwise download them at first use).

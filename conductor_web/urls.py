@@ -9,6 +9,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from audit.admin import site as admin_site  # the admin site by role (not Django's staff flag)
 
+from .metrics import metrics
+
 
 class FaviconView(RedirectView):
     """Browsers ask for /favicon.ico whatever the page links: send them to the SVG icon."""
@@ -21,6 +23,7 @@ class FaviconView(RedirectView):
 
 urlpatterns = [
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
+    path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (conductor_web.metrics)
     path("", include("routing.urls")),
     path("api/training/", include("training.api_urls")),
     path("api/", include("routing.api_urls")),

@@ -62,7 +62,10 @@ def test_a_task_submitted_in_the_browser_shows_its_text_literally_and_then_its_r
     expect(heading.locator(".status")).to_have_text("Queued")
     # The markup is shown as text, never parsed: no script element, and it did not run.
     expect(page.locator("pre.text").first).to_have_text(TASK_TEXT)
-    page_scripts = "main script:not([src$='/static/js/live.js']):not([src$='/static/js/task_live.js'])"
+    page_scripts = (
+        "main script:not([src$='/static/js/live.js']):not([src$='/static/js/task_live.js'])"
+        ":not([src$='/static/js/task_page.js'])"
+    )
     assert page.locator(page_scripts).count() == 0
     assert page.evaluate("window.__xss") is None
     screenshot("task-queued")
