@@ -1,48 +1,45 @@
 """The Celery app, the embedded servers started when a worker or beat starts, and the command lines the demo and tests use to start them."""
 
-import logging
 import os
 import sys
 from typing import Any
 
+import redis
 from celery import Celery, signals
-from celery.worker.consumer import Consumer as CeleryConsumer
 from django.conf import settings
+from kombu.transport import redis as kombu_redis
 
 from conductor_web.embedded import start_unless_set
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
 
-logger = logging.getLogger(__name__)
 
+def _guard_detached_channels() -> None:
+    """Celery 5.7.0 with kombu 5.7.0 lets a worker die when the Redis broker restarts.
 
-class Consumer(CeleryConsumer):
-    """Celery's consumer, surviving a broker restart while it holds unacknowledged messages.
-
-    Celery 5.7.0, on a lost connection, collects the connection (which detaches its transport) and
-    then closes it; closing the default channel restores its unacknowledged messages through the
-    detached transport and raises AttributeError ('NoneType' object has no attribute 'hostname'),
-    which is not a connection error: the worker died ("Unrecoverable error") and the runs it held
-    waited for a worker nobody restarted. Here that close's AttributeError is logged and the consumer
-    reconnects as Celery means it to. The messages stay in the broker's unacked index, where the
-    resume sweep finds their runs (routing.tasks.runs_held) and the visibility timeout restores them.
+    On a lost connection the consumer collects the connection, which detaches its transport, and
+    then closes it; a message of the old channel may also still be acknowledged or rejected after it.
+    Either way the old channel asks its detached transport for connection parameters and raises
+    AttributeError ('NoneType' object has no attribute 'hostname'), which is not a connection
+    error: the worker died ("Unrecoverable error") and the runs it held waited for a worker nobody
+    restarted. Here that request raises the broker's ConnectionError instead, which Celery and kombu
+    handle (log, reconnect). The old channel's unacknowledged messages stay in the broker's unacked
+    index, where the resume sweep finds their runs (routing.tasks.runs_held).
     """
+    original = kombu_redis.Channel._connparams
+    if getattr(original, "guarded", False):
+        return
 
-    def on_connection_error_after_connected(self, exc: Exception) -> None:
-        connection = self.connection
-        if connection is not None:
-            close = connection.close
+    def connparams(self: Any, asynchronous: bool = False) -> Any:
+        if self.connection is None or self.connection.client is None:
+            raise redis.exceptions.ConnectionError("this broker channel's connection was closed")
+        return original(self, asynchronous=asynchronous)
 
-            def guarded_close(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return close(*args, **kwargs)
-                except AttributeError as error:
-                    logger.warning("closing the lost broker connection: %r (reconnecting)", error)
-                    return None
+    connparams.guarded = True  # type: ignore[attr-defined]
+    kombu_redis.Channel._connparams = connparams
 
-            connection.close = guarded_close  # this connection only; it is dropped after this call
-        super().on_connection_error_after_connected(exc)
 
+_guard_detached_channels()
 
 app = Celery("conductor_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -224,8 +224,6 @@ CELERY_TASK_ROUTES = {
     "training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"},
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# Celery's consumer with its lost-connection close guarded (a broker restart would kill the worker).
-CELERY_WORKER_CONSUMER = "conductor_web.celery:Consumer"
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-runs": {

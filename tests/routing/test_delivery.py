@@ -290,7 +290,7 @@ def test_a_worker_holding_an_unacknowledged_message_survives_a_broker_restart(
     # Celery 5.7.0 closes the lost connection after collecting it; closing its channel restores the
     # unacked messages through a transport already detached and raises AttributeError: the worker
     # died ("Unrecoverable error"), and every run it held waited for a worker nobody restarted.
-    # conductor_web.celery.Consumer guards that close; the held run is then sent again by the sweep.
+    # conductor_web.celery guards a detached channel's broker calls; the sweep sends the held run again.
     settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0
     settings.CONDUCTOR_HEARTBEAT_S = 0.5
     settings.CELERY_WORKER_LOST_WAIT = 0.5
