@@ -88,23 +88,29 @@ def shot(page: Page, name: str) -> None:
 
 def click_node(page: Page, index: int, worker: str) -> None:
     """Click a node where a user would: Plotly's drag layer lies on top and turns the click into a
-    plotly_click on the point under the pointer, once its hover label shows (as a user's would)."""
-    wait_until(page, "() => window.Live.settled()")  # no re-read on its way to redraw under the pointer
-    box = page.locator(NODES).nth(index).bounding_box()
-    assert box is not None
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x - 3, y - 3)
-    page.mouse.move(x, y, steps=3)
-    expect(page.locator("#graph .hoverlayer .hovertext")).to_contain_text(f"{worker} · ")
+    plotly_click on the point under the pointer, once its hover label shows (as a user's would).
+    The node is found again before each try: an open panel can resize the graph (Plotly redraws it
+    responsively a moment later), and a click at the old place lands beside the node."""
     heading = page.locator("#node-panel h3")
-    for _ in range(5):  # on a loaded machine Plotly can drop a click that lands while it redraws
+    for _ in range(6):  # on a loaded machine Plotly can drop a click that lands while it redraws
+        wait_until(page, "() => window.Live.settled()")  # no re-read on its way to redraw under the pointer
+        box = page.locator(NODES).nth(index).bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x - 3, y - 3)
+        page.mouse.move(x, y, steps=3)
+        try:
+            expect(page.locator("#graph .hoverlayer .hovertext")).to_contain_text(
+                f"{worker} · ", timeout=3000
+            )
+        except AssertionError:
+            continue  # the graph moved under the pointer: find the node again
         page.mouse.click(x, y)
         try:
             expect(heading).to_contain_text(f"· {worker}", timeout=3000)
             return
         except AssertionError:
-            page.mouse.move(x - 3, y - 3)
-            page.mouse.move(x, y, steps=3)
+            page.mouse.move(0, 0)
     raise AssertionError(f"clicking the {worker} node did not open its panel")
 
 
