@@ -96,13 +96,16 @@ class Cluster:
         self.started = 0
 
     def worker(self) -> subprocess.Popen:
+        self.started += 1
+        return self._worker(f"worker-{self.started}.log", concurrency=2, hostname=f"chaos{self.started}@%h")
+
+    def _worker(self, log_name: str, **options: Any) -> subprocess.Popen:
         from conductor_web.celery import worker_command
 
-        self.started += 1
-        path = self.var_dir / f"worker-{self.started}.log"
+        path = self.var_dir / log_name
         log = open(path, "w")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            worker_command(concurrency=2, hostname=f"chaos{self.started}@%h", quiet=True),
+            worker_command(quiet=True, **options),
             cwd=ROOT,
             env=self.env,
             stdout=log,
@@ -125,20 +128,7 @@ class Cluster:
 
     def maintenance_worker(self) -> None:
         """Housekeeping's own process, as the demo runs it: the sweep never waits for a run's slot."""
-        from conductor_web.celery import worker_command
-
-        path = self.var_dir / "maintenance.log"
-        log = open(path, "w")  # noqa: SIM115
-        proc = subprocess.Popen(
-            worker_command(concurrency=1, hostname="maintenance@%h", quiet=True, queues=("maintenance",)),
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.workers.append(proc)
-        self.ready(proc, path, " ready.")
+        self._worker("maintenance.log", concurrency=1, hostname="maintenance@%h", queues=("maintenance",))
 
     def start_beat(self) -> None:
         from conductor_web.celery import beat_command

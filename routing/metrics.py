@@ -98,6 +98,7 @@ class RecordCollector(Collector):
         spend = CounterMetricFamily(
             f"{PREFIX}_planning_spend_usd", "USD spent planning, by conductor version", labels=["version"]
         )
+        spent: dict[str, float] = {}
         for row in (
             Decision.objects.order_by()
             .values("version_name", "valid")
@@ -105,13 +106,9 @@ class RecordCollector(Collector):
             .order_by("version_name", "valid")
         ):
             plans.add_metric([row["version_name"], str(row["valid"]).lower()], row["n"])
-        for spent in (
-            Decision.objects.order_by()
-            .values("version_name")
-            .annotate(cost=Sum("cost_usd"))
-            .order_by("version_name")
-        ):
-            spend.add_metric([spent["version_name"]], float(spent["cost"] or 0))
+            spent[row["version_name"]] = spent.get(row["version_name"], 0.0) + float(row["cost"] or 0)
+        for version, usd in spent.items():
+            spend.add_metric([version], usd)
         yield plans
         yield spend
 
