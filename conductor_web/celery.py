@@ -55,6 +55,14 @@ def _embedded_servers(**_kwargs) -> None:
     start_unless_set()
 
 
+@signals.worker_process_shutdown.connect
+def _send_queued_spans(**_kwargs) -> None:
+    """A pool process that is about to exit sends the run traces it has queued (routing.telemetry)."""
+    from routing import telemetry
+
+    telemetry.shutdown()
+
+
 def worker_command(
     *,
     concurrency: int,

@@ -284,6 +284,20 @@ CONDUCTOR_MAX_QUEUED_RUNS_PER_USER = env_int("CONDUCTOR_MAX_QUEUED_RUNS_PER_USER
 METRICS_TOKEN = env_str("CONDUCTOR_METRICS_TOKEN", "") or ""
 PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the database at start-up
 
+# OpenTelemetry traces of runs (routing.telemetry): on when an OTLP endpoint is set through the
+# standard variables, which the SDK reads itself (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS,
+# OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*); OTEL_SDK_DISABLED=true turns it off.
+OTEL_TRACES = (
+    bool(env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "") or env_str("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
+    and (env_str("OTEL_SDK_DISABLED", "") or "").lower() != "true"
+)
+# Message content goes into spans only for these data classes (empty: never), and only when the
+# receiver, described like a worker, passes the same policy rules a worker call passes.
+OTEL_CONTENT_CLASSES = env_list("CONDUCTOR_OTEL_CONTENT_CLASSES", [])
+OTEL_RECEIVER_VENDOR = env_str("CONDUCTOR_OTEL_RECEIVER_VENDOR", "otlp-receiver") or "otlp-receiver"
+OTEL_RECEIVER_REGION = env_str("CONDUCTOR_OTEL_RECEIVER_REGION", "") or ""
+OTEL_RECEIVER_SELF_HOSTED = env_bool("CONDUCTOR_OTEL_RECEIVER_SELF_HOSTED", True)
+
 # litellm: never fetch the remote price map; tiktoken reads the encodings litellm ships
 # (it would otherwise download them at first use).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -399,11 +413,21 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# plain: a line of text per record; json: one JSON object per line (log platforms join them with
+# the run's trace by its trace_id field).
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", {"plain", "json"})
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # One JSON object a line, with the run's ids and trace id while a run executes.
+        "json": {"()": "routing.log_context.JsonLines"},
+    },
+    "filters": {"run_ids": {"()": "routing.log_context.ContextFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["run_ids"]}
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "LiteLLM": {"level": "WARNING"},

@@ -8,8 +8,9 @@ class RoutingConfig(AppConfig):
     def ready(self) -> None:
         from audit import policies, verify
 
-        from . import providers, record_check
+        from . import providers, record_check, telemetry
         from .models import DataClass, Worker
+        from .signals import run_finished
 
         providers.register_litellm_providers()
         # What a policy rule may name (audit sits below routing, so routing tells it): the vendors and
@@ -21,3 +22,5 @@ class RoutingConfig(AppConfig):
         )
         # Verification compares the run rows with the events that describe them.
         verify.row_check_register(record_check.run_rows_problems)
+        # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
+        run_finished.connect(telemetry.on_run_finished, dispatch_uid="routing.telemetry")

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from audit.actions import Action
 
+from .. import log_context
 from ..models import (
     Attempt,
     Run,
@@ -129,7 +130,7 @@ def execute_run(run_id: int) -> None:
             run = claim_run(run_id)
             if run is None:
                 return
-            with _Keeper(lock_conn, run):
+            with log_context.bound(run), _Keeper(lock_conn, run):
                 _execute(run)
     except Fenced as fenced:
         log.warning("%s", fenced)

@@ -6,22 +6,25 @@ from __future__ import annotations
 
 import logging
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import psycopg
 from django import db as django_db
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from audit.services import ENGINE, event_record
 
-from .. import live
+from .. import live, log_context
 from ..models import (
     Run,
     Task,
 )
 
 log = logging.getLogger(__name__)
+events_log = logging.getLogger("routing.events")  # a line per engine event: what log platforms join on
 
 
 class Fenced(Exception):
@@ -73,6 +76,18 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
             "object": event.object_type,
             "id": event.object_id,
         },
+    )
+    # One JSON-ready log line per committed event, with the run's ids and trace id (log_context).
+    fields = {"event": action, "object": event.object_type, "object_id": event.object_id, "seq": event.seq}
+    transaction.on_commit(
+        partial(
+            events_log.info,
+            "%s %s %s",
+            action,
+            event.object_type,
+            event.object_id,
+            extra={**fields, **log_context.ids_of(run)},
+        )
     )
 
 

@@ -4,6 +4,7 @@ concurrently (up to CONDUCTOR_STEP_CONCURRENCY), in this thread when one is read
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -44,7 +45,9 @@ def execute_plan(run: Run, decision: Decision) -> None:
                     if index in done or index in in_flight.values():
                         continue
                     if all(dep in done for dep in dependencies(step)):
-                        in_flight[pool.submit(_in_thread, execute_step, run, step.pk)] = index
+                        # The step's thread logs with the run's ids (routing.log_context): a copy of this context.
+                        context = contextvars.copy_context()
+                        in_flight[pool.submit(context.run, _in_thread, execute_step, run, step.pk)] = index
             if not in_flight:
                 break
             finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
