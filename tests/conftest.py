@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What makes a test slow: a browser, a real Celery worker, or a process of its own (web server, demo,
 # benchmark). `make test` runs everything; `make test-quick` (-m "not slow") is the edit-run loop.
-SLOW_FIXTURES = {"celery_workers", "browser", "page", "daphne_server", "live_server"}
+SLOW_FIXTURES = {"celery_workers", "browser", "page", "daphne_server", "live_server", "phoenix"}
 
 
 def pytest_collection_modifyitems(config, items) -> None:

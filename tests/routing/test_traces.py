@@ -10,12 +10,15 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import time
+import uuid
 from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
+from django.core.management import CommandError, call_command
 from phoenix.client import Client
 
 from audit.models import PolicyRule
@@ -301,3 +304,59 @@ def test_each_engine_event_is_a_json_line_with_the_runs_trace_id(live_pool):
     assert {line["task_id"] for line in lines} == {str(run.task_id)}
     assert [line["event"] for line in lines] == list(recorded.order_by("id").values_list("action", flat=True))
     assert all(line["time"].endswith("+00:00") for line in lines)
+
+
+def test_runs_that_ended_before_export_was_on_are_sent_by_the_command(
+    live_pool, phoenix, exporting, settings
+):
+    settings.OTEL_TRACES = False
+    run = run_nested(live_pool["server"], text="before the receiver")
+    before = telemetry.counts()
+    assert telemetry.counts() == before  # export was off: nothing was queued for it
+    exporting(phoenix)
+    with pytest.raises(CommandError, match="--since"):
+        call_command("export_traces", since="yesterday")
+    out = io.StringIO()
+    call_command("export_traces", runs=[run.pk], stdout=out)
+    assert out.getvalue().strip() == "1 runs, 11 spans sent, 0 failed"
+    spans = read_back(phoenix, run, 11)
+    assert len(spans) == 11
+    assert {s["context"]["trace_id"] for s in spans} == {run.correlation_id.hex}
+
+    settings.OTEL_TRACES = False
+    with pytest.raises(CommandError, match="OTEL_EXPORTER_OTLP_ENDPOINT"):
+        call_command("export_traces")
+
+
+def test_log_format_json_writes_a_json_line_with_the_bound_runs_ids(tmp_path):
+    """The settings' LOGGING as a process started with LOG_FORMAT=json uses it."""
+    script = (
+        "import logging, uuid; from types import SimpleNamespace as S; from routing import log_context;"
+        "run = S(pk=7, task_id=uuid.UUID(int=1), correlation_id=uuid.UUID(int=2));"
+        "ctx = log_context.bound(run); ctx.__enter__();"
+        "logging.getLogger('routing.engine').warning('a step was retried')"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LOG_FORMAT",)}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env={**env, "LOG_FORMAT": "json"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stderr.strip().splitlines()[-1])
+    assert line["message"] == "a step was retried" and line["level"] == "WARNING"
+    assert line["trace_id"] == f"{2:032x}" and line["run_id"] == "7"
+    assert line["task_id"] == str(uuid.UUID(int=1))
+
+    bad = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**env, "LOG_FORMAT": "xml"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "LOG_FORMAT" in bad.stderr
