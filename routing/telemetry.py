@@ -217,12 +217,21 @@ def _answer(text: str) -> str:
     )
 
 
-def _figures(cost: Any, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {
+def _figures(cost: Any, input_tokens: int, output_tokens: int, *, call: bool) -> dict[str, Any]:
+    """The record's tokens and cost. Usage attributes go on the spans of calls only (provider calls,
+    the conductor's plans): receivers add them up over a trace, so a run's or step's totals, which
+    are sums of its calls, carry only this project's own names."""
+    own = {
+        "conductor_web.input_tokens": input_tokens,
+        "conductor_web.output_tokens": output_tokens,
+        "conductor_web.cost_usd": str(cost),  # exact: the record's Decimal
+    }
+    if not call:
+        return own
+    return own | {
         "gen_ai.usage.input_tokens": input_tokens,
         "gen_ai.usage.output_tokens": output_tokens,
-        "conductor_web.cost_usd": str(cost),  # exact: the record's Decimal
-        # What trace tools (Phoenix) show and add up; a float, so for display only.
+        # The OpenInference names Phoenix shows and adds up; the cost a float, for display only.
         "llm.token_count.prompt": input_tokens,
         "llm.token_count.completion": output_tokens,
         "llm.token_count.total": input_tokens + output_tokens,
@@ -334,7 +343,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
             "conductor_web.content_exported": content,
             "conductor_web.content_rule": verdict.rule if not verdict.allowed else None,
             "error.type": (run.stop_reason or "failed") if failed else None,
-            **_figures(run.cost_usd, run.input_tokens, run.output_tokens),
+            **_figures(run.cost_usd, run.input_tokens, run.output_tokens, call=False),
             **({"input.value": _cut(task.text), "output.value": _cut(run.final_answer)} if content else {}),
         },
         error=run.error if failed else "",
@@ -370,7 +379,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 "conductor_web.plan.steps": len((d.plan or {}).get("steps", [])) if d.valid else 0,
                 "conductor_web.plan.blocked_by": d.blocked_by,
                 "error.type": None if d.valid else "invalid_plan",
-                **_figures(d.cost_usd, d.input_tokens, d.output_tokens),
+                **_figures(d.cost_usd, d.input_tokens, d.output_tokens, call=True),
                 **(
                     {
                         "gen_ai.input.messages": _messages(d.prompt),
@@ -415,7 +424,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 "conductor_web.step.sees": [e.index for e in saw],
                 "conductor_web.step.latency_ms": s.latency_ms,
                 "error.type": "step_failed" if s.status == StepStatus.FAILED else None,
-                **_figures(s.cost_usd, s.input_tokens, s.output_tokens),
+                **_figures(s.cost_usd, s.input_tokens, s.output_tokens, call=False),
                 **(
                     {
                         "input.value": _messages(s.messages_sent) if s.messages_sent else _cut(s.instruction),
@@ -455,7 +464,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 "conductor_web.attempt.number": a.number,
                 "conductor_web.attempt.status": a.status,
                 "conductor_web.cost_estimated": a.cost_estimated,
-                **_figures(a.cost_usd, a.input_tokens, a.output_tokens),
+                **_figures(a.cost_usd, a.input_tokens, a.output_tokens, call=True),
                 **(
                     {
                         "gen_ai.input.messages": _messages(s.messages_sent),
