@@ -275,11 +275,17 @@ class _Trace:
         attributes: dict[str, Any],
         *,
         error: str = "",
+        ok: bool = False,
         links: list[Link] | None = None,
         kind: SpanKind = SpanKind.INTERNAL,
     ) -> None:
         end = max(end, start)
-        status = Status(StatusCode.ERROR, error[:1000]) if error else Status(StatusCode.UNSET)
+        # OK where the record says it succeeded; UNSET where it has no verdict (a skipped step).
+        status = (
+            Status(StatusCode.ERROR, error[:1000])
+            if error
+            else Status(StatusCode.OK if ok else StatusCode.UNSET)
+        )
         clean = {k: v for k, v in attributes.items() if v is not None and v != ""}
         self.spans.append(
             ReadableSpan(
@@ -347,6 +353,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
             **({"input.value": _cut(task.text), "output.value": _cut(run.final_answer)} if content else {}),
         },
         error=run.error if failed else "",
+        ok=run.status == RunStatus.SUCCEEDED,
     )
 
     # A step's span: under the run at depth 0, under the conductor step that planned it below.
@@ -393,6 +400,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 ),
             },
             error="" if d.valid else d.error,
+            ok=d.valid,
         )
 
     step_at = {(s.decision_id, s.index): s for s in steps}
@@ -436,6 +444,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 ),
             },
             error=s.error if s.status == StepStatus.FAILED else "",
+            ok=s.status == StepStatus.SUCCEEDED,
             links=[Link(trace.context("step", e.pk), {"conductor_web.link": "saw"}) for e in saw],
         )
 
@@ -481,6 +490,7 @@ def run_spans(run_id: int, *, resource: Resource | None = None) -> list[Readable
                 ),
             },
             error=a.error if a.status in Attempt.ERRORS else "",
+            ok=succeeded,
             kind=SpanKind.CLIENT,
         )
     return trace.spans

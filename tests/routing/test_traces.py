@@ -169,6 +169,7 @@ def test_a_nested_run_reads_back_from_phoenix_as_the_record_has_it(live_pool, ph
     # sit under the conductor step; each call sits under its step.
     root = by_id[span_id("run", run.pk, run)]
     assert root["parent_id"] is None
+    assert root["status_code"] == "OK"
     attrs = root["attributes"]
     assert attrs["gen_ai.operation.name"] == "invoke_agent"
     assert Decimal(attrs["conductor_web.cost_usd"]) == run.cost_usd
