@@ -10,6 +10,12 @@
   const visible = Live.visible;
   const COLORS = { pending: "#c9ced6", running: "#2456c7", succeeded: "#1d7a3e", failed: "#b42318", skipped: "#9a6700" };
   const graphState = { task: null, run: null, lastSeq: 0, steps: new Map(), selected: null };
+  // The page lays the graph out and sets its axes' ranges on every draw: a double click must not reset
+  // them. Plotly counts any two clicks within its doubleClickDelay (500 ms) as one, so a quick click on
+  // one node and then another would reset the axes to the ranges of the page's first draw (an empty
+  // run's) before the second click is read: the node moves away from under the pointer (often out of
+  // the plot) and the click selects nothing.
+  const config = Object.assign({}, Charts.config, { doubleClick: false });
 
   // The legend of the status colours, from the colours themselves.
   document.getElementById("graph-legend").replaceChildren(...Object.entries(COLORS).map(([status, color]) => {
@@ -187,7 +193,7 @@
       yaxis: { visible: false, range: yRange },
       annotations: arrows, shapes,
     };
-    Plotly.react(graph, traces, layoutSpec, Charts.config);
+    Plotly.react(graph, traces, layoutSpec, config);
     RunTimeline.draw("timeline", run);
     graph.dataset.nodes = String(nodes.length);
     graph.dataset.runStatus = run.status;
