@@ -6,6 +6,10 @@ whatever the backend, so a rule-based plan and a model's plan are held to one st
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +32,39 @@ def backend_register(backend: str, factory: Callable[[dict[str, Any]], Conductor
     _BACKENDS[backend] = factory
 
 
-def conductor_for(version: ConductorVersion) -> Conductor:
+# Built conductors, one per version and config, kept for the life of the process: a learned policy
+# is parsed once, not on every plan. A changed config is another key; versions are never edited in
+# place once they have runs (a retrained policy is a new version with a file of its own).
+CACHE_SIZE = 16
+_built: OrderedDict[tuple[int | None, str, str, str], Conductor] = OrderedDict()
+_built_lock = threading.Lock()
+
+
+def conductor_load(version: ConductorVersion) -> tuple[Conductor, int]:
+    """The version's conductor and the milliseconds this call spent building it (0 when it was built
+    before): the engine adds them to the plan's latency, which is what the run waited."""
     factory = _BACKENDS.get(version.backend)
     if factory is None:
         raise ValueError(f"conductor backend {version.backend!r} is not available")
-    return factory(version.config)
+    made = version.created_at.isoformat() if version.created_at else ""
+    key = (version.pk, made, version.backend, json.dumps(version.config, sort_keys=True, default=str))
+    with _built_lock:
+        found = _built.get(key)
+        if found is not None:
+            _built.move_to_end(key)
+            return found, 0
+    started = time.monotonic()
+    conductor = factory(version.config)
+    load_ms = int((time.monotonic() - started) * 1000)
+    with _built_lock:
+        _built[key] = conductor
+        while len(_built) > CACHE_SIZE:
+            _built.popitem(last=False)
+    return conductor, load_ms
+
+
+def conductor_for(version: ConductorVersion) -> Conductor:
+    return conductor_load(version)[0]
 
 
 __all__ = [
@@ -47,5 +79,6 @@ __all__ = [
     "WorkerCard",
     "backend_register",
     "conductor_for",
+    "conductor_load",
     "worker_alternatives",
 ]

@@ -14,7 +14,7 @@ from django.db import transaction
 from audit import policies
 from audit.actions import Action
 
-from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_for
+from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_load
 from ..models import (
     CONDUCTOR_SLUG,
     Decision,
@@ -90,7 +90,7 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             "last_response": last_response_before(parent_step),
             "visible_responses": tuple(s.response for s in visible_steps(parent_step)),
         }
-    conductor = conductor_for(run.conductor_version)
+    conductor, load_ms = conductor_load(run.conductor_version)
     tries = decisions.count()
     last_blocked: policies.Verdict | None = None
     feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
@@ -115,6 +115,8 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             proposal = Proposal(raw_output=run.plan_override)
         else:
             proposal = _propose(run, conductor, request)
+            proposal.latency_ms += load_ms  # a conductor built for this plan: the run waited for it
+            load_ms = 0
         plan: Plan | None = None
         error = ""
         blocked: policies.Verdict | None = None

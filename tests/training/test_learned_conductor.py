@@ -140,3 +140,20 @@ def test_with_a_temperature_the_learned_conductor_samples_its_workflow(tmp_path)
     assert [pick(temperature=1.0, seed=s) for s in range(20)] == sampled[
         :20
     ]  # the seed makes it reproducible
+
+
+def test_a_learned_policy_is_parsed_once_per_process_and_the_first_plan_counts_its_load(tmp_path):
+    from routing.conductors import conductor_load
+
+    version = forced_policy(tmp_path, Workflow("single", ("gpt-4o-mini-2024-07-18",)))
+    first, first_ms = conductor_load(version)
+    again, again_ms = conductor_load(ConductorVersion.objects.get(pk=version.pk))
+    assert again is first and again_ms == 0
+    assert isinstance(first, LearnedConductor)
+    # Another config (another policy file) is another conductor.
+    other = tmp_path / "other.json"
+    other.write_text((tmp_path / "policy.json").read_text())
+    version.config = {"policy_path": str(other)}
+    version.save(update_fields=["config"])
+    changed, _ = conductor_load(version)
+    assert changed is not first
