@@ -56,10 +56,11 @@ def _embedded_servers(**_kwargs) -> None:
 
 
 @signals.worker_process_shutdown.connect
-def _send_queued_spans(**_kwargs) -> None:
-    """A pool process that is about to exit sends the run traces it has queued (routing.telemetry)."""
-    from routing import telemetry
+def _send_what_is_queued(**_kwargs) -> None:
+    """A pool process that is about to exit sends the live events and the run traces it has queued."""
+    from routing import live, telemetry
 
+    live.flush(5.0)
     telemetry.shutdown()
 
 

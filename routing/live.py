@@ -7,15 +7,23 @@ PostgreSQL stays the source of truth; a lost live event costs a re-read, never a
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import collections
 import logging
+import os
+import threading
 import time
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
 log = logging.getLogger(__name__)
+
+# Events waiting for the publisher; beyond this many the oldest are dropped (a page that misses one
+# sees the gap in its sequence and re-reads), so a channel layer that is down never grows memory.
+MAX_PENDING = 10_000
 
 
 def task_group(task_id: Any) -> str:
@@ -23,18 +31,94 @@ def task_group(task_id: Any) -> str:
 
 
 def publish_on_commit(*, task_id: Any, event: dict[str, Any]) -> None:
-    """Send `event` to the task's watchers once the current transaction commits (never before)."""
-    transaction.on_commit(lambda: _send(task_group(task_id), event))
+    """Send `event` to the task's watchers once the current transaction commits (never before).
+
+    The step path only queues it: one publisher thread per process sends the queued events, in
+    order, over one event loop that keeps its channel-layer connection.
+    """
+    transaction.on_commit(lambda: publish(task_id=task_id, event=event))
 
 
-def _send(group: str, event: dict[str, Any]) -> None:
+def publish(*, task_id: Any, event: dict[str, Any]) -> None:
+    """Queue `event` for the task's watchers now (outside a transaction: what publish_on_commit does
+    once the transaction commits)."""
+    _publisher().put(task_group(task_id), event)
+
+
+def flush(timeout_s: float = 10.0) -> bool:
+    """Wait until every queued event has been sent (tests, a process about to exit)."""
+    return _publisher().flush(timeout_s)
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.pending: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MAX_PENDING)
+        self.wake = threading.Condition()
+        self.busy = False
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name="live-publisher", daemon=True)
+        self.thread.start()
+
+    def put(self, group: str, event: dict[str, Any]) -> None:
+        # sent_at: wall-clock time right after the commit, so a watcher can measure commit-to-screen latency.
+        with self.wake:
+            if len(self.pending) == MAX_PENDING:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("live events are not being sent fast enough; %d dropped", self.dropped)
+            self.pending.append((group, {"type": "run.event", "event": {**event, "sent_at": time.time()}}))
+            self.wake.notify()
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self.wake:
+            while self.pending or self.busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.wake.wait(left)
+        return True
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        while True:
+            with self.wake:
+                while not self.pending:
+                    self.wake.wait()
+                batch = list(self.pending)
+                self.pending.clear()
+                self.busy = True
+            try:
+                loop.run_until_complete(_send_all(batch))
+            finally:
+                with self.wake:
+                    self.busy = False
+                    self.wake.notify_all()
+
+
+async def _send_all(batch: list[tuple[str, dict[str, Any]]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    # sent_at: wall-clock time right after the commit, so a watcher can measure commit-to-screen latency.
-    try:
-        async_to_sync(layer.group_send)(
-            group, {"type": "run.event", "event": {**event, "sent_at": time.time()}}
-        )
-    except Exception:  # noqa: BLE001 - a live update must never fail the run; pages re-read on gaps
-        log.warning("could not publish a live event to %s", group, exc_info=True)
+    for group, message in batch:
+        try:
+            await layer.group_send(group, message)
+        except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+            log.warning("could not publish a live event to %s", group, exc_info=True)
+
+
+_state: dict[int, _Publisher] = {}
+_state_lock = threading.Lock()
+
+
+def _publisher() -> _Publisher:
+    """This process's publisher (a forked child starts its own: threads do not survive a fork)."""
+    pid = os.getpid()
+    found = _state.get(pid)
+    if found is None:
+        with _state_lock:
+            found = _state.get(pid)
+            if found is None:
+                found = _state[pid] = _Publisher()
+                atexit.register(found.flush, 5.0)
+    return found

@@ -135,13 +135,12 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             "steps": [],
         }
         if plan is not None:
+            rules = policies.active_rules()  # once for the plan's steps, not once a step
             for i, step in enumerate(plan.steps):
                 verdict = withheld.get(step.worker)
                 if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
                     verdict = policies.judge(
-                        next(w for w in workers if w.slug == step.worker),
-                        task.classification,
-                        policies.active_rules(),
+                        next(w for w in workers if w.slug == step.worker), task.classification, rules
                     )
                 checks["steps"].append(
                     {

@@ -10,7 +10,6 @@ channel layer's socket timeout shorter than its blocking pop, the websocket drop
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import pytest
@@ -200,12 +199,11 @@ def test_an_idle_live_page_keeps_its_websocket(asgi_page: Page, asgi_log_in, dap
     texts = page.evaluate("window.__badgeTexts")
     assert texts == ["live"], f"the graph page's websocket dropped while idle: {texts}"
     assert "TimeoutError" not in daphne_server.log()
-    # And it still delivers: an event published now reaches the page. (Published from a thread of
-    # its own, as a worker would: Playwright's event loop is marked running in this one.)
+    # And it still delivers: an event published now reaches the page (sent by the process's
+    # publisher thread, as a worker's are).
     event = {"run": task.runs.get().pk, "seq": 99, "action": "test.ping"}
-    publisher = threading.Thread(target=live._send, args=(live.task_group(task.pk), event))
-    publisher.start()
-    publisher.join(10)
+    live.publish(task_id=task.pk, event=event)
+    assert live.flush()
     wait_for(
         lambda: page.evaluate("window.__conductorGraph.latencies.length") > 0, timeout=10, what="the event"
     )

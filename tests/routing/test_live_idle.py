@@ -45,7 +45,8 @@ def test_an_idle_websocket_stays_connected_and_still_receives_events(make_user):
     task_id = uuid.uuid4()  # the group is all that matters here
 
     def publish() -> None:
-        live._send(live.task_group(task_id), {"run": 1, "seq": 7, "action": "test.after_idle"})
+        live.publish(task_id=task_id, event={"run": 1, "seq": 7, "action": "test.after_idle"})
+        assert live.flush()
 
     async def scenario():
         ws = communicator(task_id, headers)
