@@ -41,13 +41,28 @@ def execute_plan(run: Run, decision: Decision) -> None:
         first_error: RunStopped | None = None
         while True:
             if first_error is None:
-                for index, step in sorted(steps.items()):
-                    if index in done or index in in_flight.values():
-                        continue
-                    if all(dep in done for dep in dependencies(step)):
-                        # The step's thread logs with the run's ids (routing.log_context): a copy of this context.
-                        context = contextvars.copy_context()
-                        in_flight[pool.submit(context.run, _in_thread, execute_step, run, step.pk)] = index
+                ready = [
+                    index
+                    for index, step in sorted(steps.items())
+                    if index not in done
+                    and index not in in_flight.values()
+                    and all(dep in done for dep in dependencies(step))
+                ]
+                if len(ready) == 1 and not in_flight:
+                    # One step and nothing else running: here, on this thread's connection, not on a
+                    # new thread with a new connection.
+                    try:
+                        execute_step(run, steps[ready[0]].pk)
+                        done.add(ready[0])
+                    except RunStopped as stop:
+                        first_error = stop
+                    continue
+                for index in ready:
+                    # The step's thread logs with the run's ids (routing.log_context): a copy of this context.
+                    context = contextvars.copy_context()
+                    in_flight[pool.submit(context.run, _in_thread, execute_step, run, steps[index].pk)] = (
+                        index
+                    )
             if not in_flight:
                 break
             finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -17,6 +17,7 @@ from django.test import Client
 from audit.models import AuditEvent, Role
 from audit.verify import verify
 from routing import engine
+from routing.conductors import Proposal, backend_register
 from routing.models import Attempt, ConductorVersion, Run, RunStatus, Step, StepStatus, Task
 from routing.providers import NO_RECORDED_ANSWER, NO_RECORDED_ANSWER_MESSAGE
 from tests.openai_server import Reply, plan_json
@@ -169,18 +170,30 @@ def test_a_cost_budget_stop_skips_the_steps_after_it(live_pool):
     assert "cost budget" in steps[(0, 2, "beta")].note
 
 
-def test_a_step_interrupted_by_an_unexpected_error_ends_failed(live_pool, tmp_path):
-    """The learned conductor's policy file disappears mid-run: the conductor step, already started,
-    cannot plan. The run fails as an internal error and the step does not stay "running"."""
-    policy = tmp_path / "policy.json"
-    learned_cascade(policy, ("alpha", "beta", "gamma"))
+class BreaksWhenNested:
+    """A conductor backend with a bug that shows only when a conductor step asks it for a nested plan."""
+
+    def __init__(self, config):
+        pass
+
+    def propose(self, request):
+        if request.is_inner:
+            raise FileNotFoundError("policy.json")
+        return Proposal(
+            raw_output=plan_json(
+                ("alpha", "Draft", []), ("beta", "Check", [0]), ("conductor", "Decide", "all")
+            )
+        )
+
+
+def test_a_step_interrupted_by_an_unexpected_error_ends_failed(live_pool):
+    """The conductor step, already started, cannot plan (the backend raises a bug). The run fails as
+    an internal error and the step does not stay "running"."""
+    backend_register("breaks-when-nested", BreaksWhenNested)
+    ConductorVersion.objects.update(is_active=False)
+    ConductorVersion.objects.create(name="breaks-when-nested", backend="breaks-when-nested", is_active=True)
     server = live_pool["server"]
-
-    def alpha(body):
-        policy.unlink(missing_ok=True)  # read again when the conductor step asks for a nested plan
-        return Reply("18")
-
-    server.program("alpha", alpha)
+    server.program("alpha", [Reply("18")])
     server.program("beta", [Reply("18")])
     run = submit("What is 3 * 6?")
 
