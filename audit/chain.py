@@ -82,6 +82,11 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
 
 
 def _lock_head(chain: str) -> ChainHead:
+    """Lock the chain's head until the caller's transaction ends; a new chain's head is made first
+    (one statement for a chain that exists, which is every event but a run's first)."""
+    head = ChainHead.objects.select_for_update().filter(chain=chain).first()
+    if head is not None:
+        return head
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO audit_chainhead (chain, seq, hash, sealed, updated_at) VALUES (%s, 0, %s, false, now()) "

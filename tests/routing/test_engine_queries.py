@@ -1,0 +1,50 @@
+"""What a run costs the database, pinned: statements and transactions of a plan and three steps
+(as NetBox pins its views' queries). A change that adds some must say so here, with its reason."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from routing import engine
+from routing.models import Attempt, RunStatus
+from tests.openai_server import Reply, plan_json
+from tests.routing.test_engine import submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# A plan by the LLM conductor and three steps, each seeing the one before (so one is ready at a
+# time), each answered at the first call. 132 statements: 44 a step. Before the audit head was locked
+# in one statement (not an upsert, then a lock) it was 143.
+STATEMENTS = 132
+TRANSACTIONS = 12
+
+
+def program(server) -> None:
+    server.program(
+        "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
+    )
+    for worker in ("alpha", "beta", "gamma"):
+        server.program(worker, [Reply(worker)])
+
+
+def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinned_statements(live_pool):
+    server = live_pool["server"]
+    program(server)
+    engine.execute_run(submit("warm up").pk)  # first use: the conductor is built, litellm warms up
+    program(server)
+    run = submit("Three steps")
+
+    with CaptureQueriesContext(connection) as captured:
+        engine.execute_run(run.pk)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    sql = [q["sql"] for q in captured.captured_queries]
+    # Every step ran here, on this thread's connection: no thread with a connection of its own.
+    inserts = [s for s in sql if s.startswith('INSERT INTO "routing_attempt"')]
+    assert len(inserts) == Attempt.objects.filter(step__run=run).count() == 3
+    commits = sum(1 for s in sql if s.strip().upper() == "COMMIT")
+    assert len(sql) <= STATEMENTS, f"{len(sql)} statements (pinned: {STATEMENTS})"
+    assert commits <= TRANSACTIONS, f"{commits} transactions (pinned: {TRANSACTIONS})"
