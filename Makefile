@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus phoenix stop chaos
+.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus phoenix stop chaos bench-langgraph
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -72,3 +72,8 @@ stop:
 
 chaos: install-test
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
+
+# The engine against LangGraph + PostgresSaver on the same work (installs the bench extra).
+bench-langgraph: install-test
+	$(PY) -m pip install --quiet -e '.[embedded,dev,train,bench]'
+	$(PY) -m bench.engine_vs_langgraph $(BENCH_ARGS)

@@ -1,0 +1,240 @@
+"""The engine's cost per step against LangGraph with its PostgreSQL checkpointer, on the same work.
+
+    pip install -e '.[bench]'        # langgraph and langgraph-checkpoint-postgres (make bench-langgraph)
+    python -m bench.engine_vs_langgraph --tasks 30 --rounds 4
+
+Both sides run the same replay tasks in one process, one task after another, on the same embedded
+PostgreSQL: the conductor's plan (the static rules), then the plan's steps in order, each step one
+provider call through routing.providers.complete to the replay workers, which answer at once. So
+the figures are orchestration and persistence alone.
+
+- the engine: `engine.execute_run` of a submitted run. It records what it always records: the plan,
+  each step and attempt with the exact messages, Decimal costs, and an audit event per change in the
+  run's hash chain.
+- LangGraph 1.x: a StateGraph (plan -> step -> step ... -> END) compiled with PostgresSaver, which
+  writes a checkpoint of the graph's state after every node; the state carries the same messages
+  and answers.
+
+Rounds interleave the two (the order alternating); each prints ms per step and the ratio
+engine / LangGraph, wall time and this process's CPU time. Submitting the engine's tasks (one
+transaction each) is outside the timing, as LangGraph's thread creation is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TypedDict
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+class GraphState(TypedDict, total=False):
+    task: str
+    item: str
+    plan: list[dict[str, Any]]
+    responses: list[str]
+    cost: str
+
+
+def database_url(settings_dict: dict[str, Any]) -> str:
+    user = quote(settings_dict.get("USER") or "")
+    password = f":{quote(settings_dict['PASSWORD'])}" if settings_dict.get("PASSWORD") else ""
+    host = settings_dict.get("HOST") or ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{settings_dict['NAME']}?host={quote(host)}"
+    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
+    return f"postgresql://{user}{password}@{host}{port}/{settings_dict['NAME']}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=30, help="tasks per side per round")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--write", action="store_true", help="write the figures to docs/benchmarks.md")
+    args = parser.parse_args()
+
+    prefix = f"bench-lg-{uuid.uuid4().hex[:8]}-"
+    os.environ["CONDUCTOR_QUEUE_PREFIX"] = prefix  # the engine's submissions go to a queue nobody reads
+    os.environ["CONDUCTOR_REPLAY_LATENCY_S"] = "0"
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+
+    from conductor_web.embedded import django_setup
+
+    django_setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.graph import END, START, StateGraph
+
+    from bench.docs import write_section
+    from routing import engine, replay
+    from routing.conductors import PlanRequest, StaticConductor, WorkerCard
+    from routing.engine import build_messages
+    from routing.models import ConductorVersion, Run, Step, Task, Worker
+    from routing.providers import complete, worker_api_key
+    from routing.services import TaskSubmission, task_submit
+
+    call_command("migrate", verbosity=0)
+    call_command("load_replay_pool", verbosity=0)
+    ConductorVersion.objects.update(is_active=False)
+    ConductorVersion.objects.update_or_create(
+        name="bench-static", defaults={"backend": "static", "config": {}, "is_active": True}
+    )
+    workers = {w.slug: w for w in Worker.objects.filter(enabled=True)}
+    cards = [WorkerCard.of(w) for w in workers.values()]
+    conductor = StaticConductor({})
+    # Three-step workflows (the static rules' math plan): plan + 3 sequential steps on both sides.
+    items = [i for i in replay.read_items(replay.split_path(args.split)) if i.domain == "math-l5"]
+
+    # --- LangGraph: the same plan and calls, state checkpointed to PostgreSQL after every node ---
+    def plan_node(state: GraphState) -> GraphState:
+        request = PlanRequest(
+            task_text=state["task"], domain="math-l5", workers=cards, max_steps=5, may_recurse=False
+        )
+        return {"plan": json.loads(conductor.propose(request).raw_output)["steps"], "responses": []}
+
+    def step_node(state: GraphState) -> GraphState:
+        index = len(state["responses"])
+        spec = state["plan"][index]
+        worker = workers[spec["worker"]]
+        seen = spec.get("access", [])
+        seen = list(range(index)) if seen == "all" else seen
+
+        class Shown:  # what build_messages reads of an earlier step
+            def __init__(self, i: int) -> None:
+                self.index, self.worker_slug = i, state["plan"][i]["worker"]
+                self.instruction, self.response = state["plan"][i]["instruction"], state["responses"][i]
+
+        class This:
+            instruction = spec["instruction"]
+
+        messages = build_messages(This, [Shown(i) for i in seen])  # type: ignore[arg-type]
+        answer = complete(
+            model=worker.litellm_model,
+            messages=messages,
+            api_base=worker.api_base,
+            api_key=worker_api_key(worker),
+            metadata={"replay_item": state["item"]},
+        )
+        return {"responses": [*state["responses"], answer.text]}
+
+    def more(state: GraphState) -> str:
+        return "step" if len(state["responses"]) < len(state["plan"]) else END
+
+    builder = StateGraph(GraphState)
+    builder.add_node("plan", plan_node)
+    builder.add_node("step", step_node)
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges("plan", more, ["step", END])
+    builder.add_conditional_edges("step", more, ["step", END])
+
+    def run_langgraph(batch: list[replay.ReplayItem], graph: Any) -> tuple[float, float, int]:
+        started, cpu = time.perf_counter(), time.process_time()
+        steps = 0
+        for item in batch:
+            out = graph.invoke(
+                {"task": item.task, "item": item.id},
+                config={"configurable": {"thread_id": f"{prefix}{uuid.uuid4().hex}"}},
+            )
+            steps += len(out["responses"])
+        return time.perf_counter() - started, time.process_time() - cpu, steps
+
+    def run_engine(batch: list[replay.ReplayItem], n: int) -> tuple[float, float, int]:
+        runs = []
+        for i, item in enumerate(batch):
+            task, _ = task_submit(
+                submission=TaskSubmission(
+                    text=item.task,
+                    reference=item.reference,
+                    domain=item.domain,
+                    source_item=item.id,
+                    classification="public",
+                    idempotency_key=f"{prefix}{n}-{i}",
+                ),
+                source=Task.Source.CLI,
+            )
+            runs.append(task.runs.get(kind=Run.Kind.LIVE).pk)
+        started, cpu = time.perf_counter(), time.process_time()
+        for run_id in runs:
+            engine.execute_run(run_id)
+        elapsed, used = time.perf_counter() - started, time.process_time() - cpu
+        return elapsed, used, Step.objects.filter(run_id__in=runs).count()
+
+    rows: list[dict[str, Any]] = []
+    with PostgresSaver.from_conn_string(database_url(connection.settings_dict)) as saver:
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        run_langgraph(items[:3], graph)  # warm-up, both sides: imports, the replay index, litellm
+        run_engine(items[3:6], 0)
+        for r in range(args.rounds):
+            batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
+            order = ("engine", "langgraph") if r % 2 == 0 else ("langgraph", "engine")
+            figures = {}
+            for side in order:
+                wall, cpu, steps = (
+                    run_engine(batch, r + 1) if side == "engine" else run_langgraph(batch, graph)
+                )
+                figures[side] = {
+                    "ms_per_step": 1000 * wall / steps,
+                    "cpu_ms_per_step": 1000 * cpu / steps,
+                    "steps": steps,
+                }
+            row = {
+                "round": r + 1,
+                **{f"{side}_{k}": round(v, 2) for side, f in figures.items() for k, v in f.items()},
+                "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
+                "cpu_ratio": round(
+                    figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
+                ),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    summary = {
+        "figure": "engine_vs_langgraph",
+        "tasks_per_round": args.tasks,
+        "rounds": args.rounds,
+        "engine_ms_per_step": round(statistics.median(r["engine_ms_per_step"] for r in rows), 2),
+        "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
+        "ratio_median": statistics.median(r["ratio"] for r in rows),
+        "ratio_min": min(r["ratio"] for r in rows),
+        "cpu_ratio_median": statistics.median(r["cpu_ratio"] for r in rows),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    print(json.dumps(summary))
+    if args.write:
+        table = "\n".join(
+            f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | {r['cpu_ratio']} |"
+            for r in rows
+        )
+        write_section(
+            "langgraph",
+            f"""## The engine against LangGraph + PostgresSaver, per step
+
+Command: `python -m bench.engine_vs_langgraph --tasks {args.tasks} --rounds {args.rounds}` (after
+`pip install -e '.[bench]'`) on {summary["machine"]}, embedded PostgreSQL, one process. The same
+replay tasks (the static rules' 3-step math plan), the same provider calls; the engine records its
+plan, steps, attempts, exact messages, costs and hash-chained audit events, LangGraph checkpoints
+its state after every node. Interleaved rounds of {args.tasks} tasks a side:
+
+| round | engine ms/step | LangGraph ms/step | ratio (wall) | ratio (CPU) |
+|---|---|---|---|---|
+{table}
+
+Median ratio {summary["ratio_median"]} (wall), {summary["cpu_ratio_median"]} (CPU): the engine costs
+that many times LangGraph's time per step.""",
+        )
+
+
+if __name__ == "__main__":
+    main()
