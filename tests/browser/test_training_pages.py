@@ -59,14 +59,15 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     page.locator("#id_job-backend").select_option("learned")
     page.locator("#id_job-split").select_option("train")
     page.locator("#id_job-limit").fill("60")
-    # Small, yet long enough (a few seconds) for the page's 1 s polls to see it part-way.
-    page.locator("#id_job-epochs").fill("50")
+    # Small, yet long enough (several seconds, on a fast machine too) for the page's 1 s polls to
+    # see it part-way: 50 epochs (under a second of training here) could finish between two polls.
+    page.locator("#id_job-epochs").fill("400")
     page.get_by_role("button", name="Launch job").click()
 
     # The job page, before any worker took the job: queued, nothing plotted yet.
     page.wait_for_url("**/training/jobs/*/")
     job = TrainingJob.objects.get(name="learned-browser")
-    assert job.options["limit"] == 60 and job.options["epochs"] == 50
+    assert job.options["limit"] == 60 and job.options["epochs"] == 400
     expect(page.locator(".flash")).to_contain_text("learned-browser")
     wait_until(page, "document.body.dataset.curvesReady === '1'")
     assert page.evaluate(POINTS_JS) == 0
@@ -113,7 +114,8 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     # The curve grew in steps while the job ran (not all at once at the end), and so did the bar.
     counts = [n for _, n in samples]
     assert counts == sorted(counts) and counts[0] == 0, samples
-    assert any(0 < n < points for n in counts), samples
+    took = (job.finished_at - job.started_at).total_seconds()
+    assert any(0 < n < points for n in counts), f"{samples} (the job took {took:.1f} s)"
     assert any(0 < p < 100 for p, _ in samples), samples
     # Small multiples: one chart per metric, each axis titled with its unit; the known metrics first.
     assert page.evaluate(CURVES_JS) == [
