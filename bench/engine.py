@@ -54,14 +54,7 @@ def start_worker(concurrency: int) -> subprocess.Popen:
 
 def submit(item: replay.ReplayItem, prefix: str) -> Task:
     task, _ = task_submit(
-        submission=TaskSubmission(
-            text=item.task,
-            reference=item.reference,
-            domain=item.domain,
-            source_item=item.id,
-            classification="public",
-            idempotency_key=f"{prefix}:{item.id}",
-        ),
+        submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}:{item.id}"),
         source=Task.Source.CLI,
     )
     return task

@@ -31,8 +31,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypedDict
-from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,16 +44,6 @@ class GraphState(TypedDict, total=False):
     plan: list[dict[str, Any]]
     responses: list[str]
     cost: str
-
-
-def database_url(settings_dict: dict[str, Any]) -> str:
-    user = quote(settings_dict.get("USER") or "")
-    password = f":{quote(settings_dict['PASSWORD'])}" if settings_dict.get("PASSWORD") else ""
-    host = settings_dict.get("HOST") or ""
-    if host.startswith("/"):
-        return f"postgresql://{user}{password}@/{settings_dict['NAME']}?host={quote(host)}"
-    port = f":{settings_dict['PORT']}" if settings_dict.get("PORT") else ""
-    return f"postgresql://{user}{password}@{host}{port}/{settings_dict['NAME']}"
 
 
 def main() -> None:
@@ -72,8 +62,8 @@ def main() -> None:
     from conductor_web.embedded import django_setup
 
     django_setup()
+    from django.conf import settings
     from django.core.management import call_command
-    from django.db import connection
     from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.graph import END, START, StateGraph
 
@@ -82,6 +72,7 @@ def main() -> None:
     from routing.conductors import PlanRequest, StaticConductor, WorkerCard
     from routing.engine import build_messages
     from routing.models import ConductorVersion, Run, Step, Task, Worker
+    from routing.plans import visible_indices
     from routing.providers import complete, worker_api_key
     from routing.services import TaskSubmission, task_submit
 
@@ -108,18 +99,19 @@ def main() -> None:
         index = len(state["responses"])
         spec = state["plan"][index]
         worker = workers[spec["worker"]]
-        seen = spec.get("access", [])
-        seen = list(range(index)) if seen == "all" else seen
+        seen = visible_indices(spec.get("access"), index)  # the one rule of what a step sees
 
-        class Shown:  # what build_messages reads of an earlier step
-            def __init__(self, i: int) -> None:
-                self.index, self.worker_slug = i, state["plan"][i]["worker"]
-                self.instruction, self.response = state["plan"][i]["instruction"], state["responses"][i]
-
-        class This:
-            instruction = spec["instruction"]
-
-        messages = build_messages(This, [Shown(i) for i in seen])  # type: ignore[arg-type]
+        # What build_messages reads of a step: its instruction, and each shown step's answer.
+        shown = [
+            SimpleNamespace(
+                index=i,
+                worker_slug=state["plan"][i]["worker"],
+                instruction=state["plan"][i]["instruction"],
+                response=state["responses"][i],
+            )
+            for i in seen
+        ]
+        messages = build_messages(SimpleNamespace(instruction=spec["instruction"]), shown)  # type: ignore[arg-type]
         answer = complete(
             model=worker.litellm_model,
             messages=messages,
@@ -154,14 +146,7 @@ def main() -> None:
         runs = []
         for i, item in enumerate(batch):
             task, _ = task_submit(
-                submission=TaskSubmission(
-                    text=item.task,
-                    reference=item.reference,
-                    domain=item.domain,
-                    source_item=item.id,
-                    classification="public",
-                    idempotency_key=f"{prefix}{n}-{i}",
-                ),
+                submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
                 source=Task.Source.CLI,
             )
             runs.append(task.runs.get(kind=Run.Kind.LIVE).pk)
@@ -172,7 +157,7 @@ def main() -> None:
         return elapsed, used, Step.objects.filter(run_id__in=runs).count()
 
     rows: list[dict[str, Any]] = []
-    with PostgresSaver.from_conn_string(database_url(connection.settings_dict)) as saver:
+    with PostgresSaver.from_conn_string(settings.DATABASE_URL) as saver:
         saver.setup()
         graph = builder.compile(checkpointer=saver)
         run_langgraph(items[:3], graph)  # warm-up, both sides: imports, the replay index, litellm

@@ -104,13 +104,7 @@ def main() -> None:
         tasks = []
         for i, item in enumerate(chosen):
             task, _ = task_submit(
-                submission=TaskSubmission(
-                    text=item.task,
-                    reference=item.reference,
-                    domain=item.domain,
-                    classification="public",
-                    idempotency_key=f"bench-otel-{tag}-{n}-{i}",
-                ),
+                submission=TaskSubmission.of_replay(item, idempotency_key=f"bench-otel-{tag}-{n}-{i}"),
                 source=Task.Source.CLI,
             )
             tasks.append(task)

@@ -18,7 +18,6 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
-FIELDS = ("run_id", "task_id", "correlation_id", "trace_id")
 _bound: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "conductor_log_ids", default=None
 )
@@ -45,10 +44,6 @@ def bound(run: Any) -> Iterator[None]:
         yield
     finally:
         _bound.reset(token)
-
-
-def current() -> dict[str, str]:
-    return dict(_bound.get() or {})
 
 
 class ContextFilter(logging.Filter):

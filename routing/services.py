@@ -19,6 +19,7 @@ from .conductors import DEFAULT_STATIC_RULES
 from .errors import ServiceError
 from .models import ConductorVersion, DataClass, Run, Task, Worker
 from .providers import litellm_model_info
+from .replay import ReplayItem
 from .secrets import ENDPOINT_FIELDS, key_env_check
 from .tasks import run_send
 
@@ -45,6 +46,18 @@ class TaskSubmission:
     domain: str = ""
     source_item: str = ""
     scorer: str = "auto"
+
+    @classmethod
+    def of_replay(cls, item: ReplayItem, *, idempotency_key: str) -> TaskSubmission:
+        """A recorded benchmark item as a task (public data: the benchmarks are published)."""
+        return cls(
+            text=item.task,
+            reference=item.reference,
+            domain=item.domain,
+            source_item=item.id,
+            classification=DataClass.PUBLIC,
+            idempotency_key=idempotency_key,
+        )
 
 
 def _check_text(text: str) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -113,13 +113,17 @@ def processor() -> BatchSpanProcessor | None:
         if _processor is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override these.
-            _resource = Resource.create(
-                {"service.name": "conductor-web", PROJECT_ATTRIBUTE: "conductor-web"}
-            ).merge(Resource.create({}))
+            _resource = service_resource()
             _processor = BatchSpanProcessor(_Counted(OTLPSpanExporter()))
             atexit.register(shutdown)
         return _processor
+
+
+def service_resource() -> Resource:
+    """Who sends the spans: `conductor-web` (service and Phoenix project), unless the standard
+    OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise."""
+    defaults = {"service.name": "conductor-web", PROJECT_ATTRIBUTE: "conductor-web"}
+    return Resource.create({**defaults, **OTELResourceDetector().detect().attributes})
 
 
 def flush(timeout_s: float = 30.0) -> bool:
@@ -254,7 +258,7 @@ class _Trace:
     def __init__(self, run: Run, resource: Resource | None) -> None:
         self.run = run
         self.trace_id = run.correlation_id.int
-        self.resource = resource or Resource.create({"service.name": "conductor-web"})
+        self.resource = resource or service_resource()
         self.spans: list[ReadableSpan] = []
 
     def context(self, kind: str, pk: int) -> SpanContext:

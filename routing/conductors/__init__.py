@@ -28,7 +28,7 @@ _BACKENDS: dict[str, Callable[[dict[str, Any]], Conductor]] = {
 
 
 def backend_register(backend: str, factory: Callable[[dict[str, Any]], Conductor]) -> None:
-    """Make `conductor_for` build versions of this backend with `factory(config)`."""
+    """Make `conductor_load` build versions of this backend with `factory(config)`."""
     _BACKENDS[backend] = factory
 
 
@@ -63,10 +63,6 @@ def conductor_load(version: ConductorVersion) -> tuple[Conductor, int]:
     return conductor, load_ms
 
 
-def conductor_for(version: ConductorVersion) -> Conductor:
-    return conductor_load(version)[0]
-
-
 __all__ = [
     "DEFAULT_STATIC_RULES",
     "MAX_STEPS",
@@ -78,7 +74,6 @@ __all__ = [
     "StaticConductor",
     "WorkerCard",
     "backend_register",
-    "conductor_for",
     "conductor_load",
     "worker_alternatives",
 ]

@@ -364,3 +364,20 @@ def test_log_format_json_writes_a_json_line_with_the_bound_runs_ids(tmp_path):
         timeout=120,
     )
     assert bad.returncode != 0 and "LOG_FORMAT" in bad.stderr
+
+
+def test_spans_come_from_the_conductor_web_service_unless_the_standard_variables_say_otherwise(monkeypatch):
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    attributes = telemetry.service_resource().attributes
+    assert attributes["service.name"] == "conductor-web"
+    assert attributes["openinference.project.name"] == "conductor-web"
+
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "conductor-eu")
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=audit-eu,deployment.environment=prod"
+    )
+    attributes = telemetry.service_resource().attributes
+    assert attributes["service.name"] == "conductor-eu"
+    assert attributes["openinference.project.name"] == "audit-eu"
+    assert attributes["deployment.environment"] == "prod"

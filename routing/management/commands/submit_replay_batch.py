@@ -3,7 +3,7 @@ import random
 from django.core.management.base import BaseCommand, CommandError
 
 from routing import replay
-from routing.models import DataClass, Task
+from routing.models import Task
 from routing.services import TaskSubmission, task_submit
 
 
@@ -30,13 +30,8 @@ class Command(BaseCommand):
         submitted = 0
         for item in items[: o["count"]]:
             _, created = task_submit(
-                submission=TaskSubmission(
-                    text=item.task,
-                    reference=item.reference,
-                    domain=item.domain,
-                    source_item=item.id,
-                    classification=DataClass.PUBLIC,
-                    idempotency_key=f"{o['prefix']}:{o['split']}:{item.id}",
+                submission=TaskSubmission.of_replay(
+                    item, idempotency_key=f"{o['prefix']}:{o['split']}:{item.id}"
                 ),
                 source=Task.Source.CLI,
             )
