@@ -8,39 +8,46 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Avg, Count, F, OuterRef, QuerySet, Sum
+from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
 from audit import csv_safe
 
-from . import selectors
-from .models import Run, RunStatus, Step, StepStatus
+from . import rollups
+from .models import Run, RunRollup, RunStatus, UsageRollup
 
 OPERATIONAL_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW)
 
 
 @dataclass(frozen=True)
 class Filters:
+    """The page's window (whole hours, the rollups' grain: routing.rollups.hours) and filters, over
+    finished runs of live work and the shadow runs beside it; rollouts (sampled at a temperature) and
+    evaluation runs have pages of their own under /training/."""
+
     since: datetime
     until: datetime
     classification: str = ""
     conductor: str = ""
 
-    def runs(self) -> QuerySet[Run]:
-        # Live work and the shadow runs beside it; rollouts (sampled at a temperature) and evaluation runs
-        # have pages of their own under /training/.
-        qs = Run.objects.filter(
-            created_at__gte=self.since, created_at__lt=self.until, kind__in=OPERATIONAL_KINDS
-        )
+    def _narrow(self, qs: QuerySet[Any], hour_from: datetime, hour_to: datetime) -> QuerySet[Any]:
+        qs = qs.filter(hour__gte=hour_from, hour__lt=hour_to, run_kind__in=OPERATIONAL_KINDS)
         if self.classification:
-            qs = qs.filter(task__classification=self.classification)
+            qs = qs.filter(classification=self.classification)
         if self.conductor:
-            qs = qs.filter(conductor_version__name=self.conductor)
+            qs = qs.filter(conductor=self.conductor)
         return qs
 
-    def steps(self) -> QuerySet[Step]:
-        return Step.objects.filter(run__in=self.runs()).exclude(status=StepStatus.PENDING)
+    def usage(self) -> QuerySet[UsageRollup]:
+        """Worker steps, by the hour they started."""
+        start, stop = rollups.hours(self.since, self.until)
+        return self._narrow(UsageRollup.objects.filter(source=UsageRollup.Source.STEP), start, stop)
+
+    def runs(self) -> QuerySet[RunRollup]:
+        """Runs, by the hour they were created."""
+        start, stop = rollups.hours(self.since, self.until)
+        return self._narrow(RunRollup.objects.all(), start, stop)
 
 
 def default_filters(*, days: int = 7) -> Filters:
@@ -54,14 +61,13 @@ def _bucket(f: Filters):
 
 def cost_over_time(f: Filters, *, by: str) -> list[dict[str, Any]]:
     """Cost and steps per time bucket, by worker, vendor or conductor version."""
-    field = {"worker": "worker_slug", "vendor": "vendor", "conductor": "run__conductor_version__name"}[by]
+    field = {"worker": "worker_slug", "vendor": "vendor", "conductor": "conductor"}[by]
     rows = (
-        f.steps()
-        .filter(started_at__isnull=False)
-        .annotate(bucket=_bucket(f)("started_at"))
+        f.usage()
+        .annotate(bucket=_bucket(f)("hour"))
         .order_by()
         .values("bucket", field)
-        .annotate(cost=Sum("cost_usd"), steps=Count("pk"))
+        .annotate(cost=Sum("cost_usd"), steps=Sum("calls"))
         .order_by("bucket", field)
     )
     return [
@@ -74,23 +80,21 @@ def accuracy_vs_cost(f: Filters, *, by: str) -> list[dict[str, Any]]:
     """Mean score and USD per 1,000 tasks, for runs with a reference; `by` the conductor version, or
     the worker that gave the final answer. Pareto-optimal points (no other point is at least as
     accurate and cheaper) are marked."""
-    runs = f.runs().filter(status=RunStatus.SUCCEEDED, score__isnull=False)
-    if by == "conductor":
-        rows = runs.order_by().values(name=F("conductor_version__name"))
-    else:
-        rows = (
-            runs.annotate(final_worker=selectors.final_worker(run=OuterRef("pk")))
-            .order_by()
-            .values(name=F("final_worker"))
-        )
+    rows = (
+        f.runs()
+        .filter(status=RunStatus.SUCCEEDED, scored__gt=0)
+        .order_by()
+        .values(name=F("conductor" if by == "conductor" else "final_worker"))
+        .annotate(runs=Sum("scored"), score=Sum("score_sum"), cost=Sum("scored_cost_usd"))
+    )
     points = [
         {
             "name": r["name"],
             "runs": r["runs"],
-            "accuracy": r["accuracy"],
+            "accuracy": r["score"] / r["runs"],
             "usd_per_1000": (r["cost"] or Decimal(0)) / r["runs"] * 1000,
         }
-        for r in rows.annotate(runs=Count("pk"), accuracy=Avg("score"), cost=Sum("cost_usd"))
+        for r in rows
     ]
     return sorted(mark_pareto(points), key=lambda p: p["usd_per_1000"])
 
@@ -109,23 +113,19 @@ def mark_pareto(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def routing_distribution(f: Filters) -> list[dict[str, Any]]:
-    """Which worker gets which share of the steps, by task domain."""
+    """Which worker gets which share of the steps that ran, by task domain."""
     rows = (
-        f.steps()
-        .order_by()
-        .values("run__task__domain", "worker_slug")
-        .annotate(steps=Count("pk"))
-        .order_by("run__task__domain")
+        f.usage().order_by().values("domain", "worker_slug").annotate(steps=Sum("calls")).order_by("domain")
     )
     totals: dict[str, int] = {}
     for r in rows:
-        totals[r["run__task__domain"]] = totals.get(r["run__task__domain"], 0) + r["steps"]
+        totals[r["domain"]] = totals.get(r["domain"], 0) + r["steps"]
     return [
         {
-            "domain": r["run__task__domain"] or "(none)",
+            "domain": r["domain"] or "(none)",
             "worker": r["worker_slug"],
             "steps": r["steps"],
-            "share": r["steps"] / totals[r["run__task__domain"]],
+            "share": r["steps"] / totals[r["domain"]],
         }
         for r in rows
     ]

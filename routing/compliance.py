@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.deletion import ProtectedError
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
@@ -21,55 +21,86 @@ from audit.exports import checkpoint_reference
 from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
 
-from .models import ConductorVersion, Step, StepStatus, Task
+from . import rollups
+from .models import ConductorVersion, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
 from .plans import visible_indices
 
 
 def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
     """Which vendors received data of which classification: steps that reached a vendor (any call made),
-    and answers sent to an LLM judge for grading (with the task and its reference)."""
+    and answers sent to an LLM judge for grading (with the task and its reference). Finished runs come
+    from the rollups (whole hours: routing.rollups.hours), runs in flight from their rows; `tasks`
+    counts each task once per vendor, in the period its content first reached that vendor."""
+    qs = UsageRollup.objects.exclude(vendor="")
+    if since:
+        qs = qs.filter(hour__gte=rollups.hour_floor(since))
+    if until:
+        qs = qs.filter(hour__lt=rollups.hour_ceil(until))
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def row(vendor: str, classification: str) -> dict[str, Any]:
+        return rows.setdefault(
+            (vendor, classification),
+            {
+                "vendor": vendor,
+                "run__task__classification": classification,
+                "tasks": 0,
+                "steps": 0,
+                "judged": 0,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cost": Decimal("0"),
+            },
+        )
+
+    for r in (
+        qs.order_by()
+        .values("vendor", "classification")
+        .annotate(
+            tasks=Sum("new_tasks"),
+            steps=Sum("calls", filter=Q(source=UsageRollup.Source.STEP)),
+            judged=Sum("calls", filter=Q(source=UsageRollup.Source.JUDGE)),
+            input_tokens=Sum("input_tokens"),
+            output_tokens=Sum("output_tokens"),
+            cost=Sum("cost_usd"),
+        )
+    ):
+        out = row(r["vendor"], r["classification"])
+        for key in ("tasks", "steps", "judged", "input_tokens", "output_tokens", "cost"):
+            out[key] += r[key] or 0
+    # Runs in flight: their steps that already reached a vendor, from the rows (few: the runs not ended).
+    flight = _reached(since, until).filter(run__status__in=IN_FLIGHT)
+    for r in flight.values("vendor", "run__task__classification").annotate(
+        steps=Count("id"),
+        input_tokens=Sum("input_tokens"),
+        output_tokens=Sum("output_tokens"),
+        cost=Sum("cost_usd"),
+    ):
+        out = row(r["vendor"], r["run__task__classification"])
+        for key in ("steps", "input_tokens", "output_tokens", "cost"):
+            out[key] += r[key] or 0
+    for r in (
+        flight.exclude(
+            Exists(TaskExposure.objects.filter(task_id=OuterRef("run__task_id"), vendor=OuterRef("vendor")))
+        )
+        .values("vendor", "run__task__classification")
+        .annotate(tasks=Count("run__task_id", distinct=True))
+    ):
+        row(r["vendor"], r["run__task__classification"])["tasks"] += r["tasks"]
+    return [rows[key] for key in sorted(rows)]
+
+
+IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+def _reached(since: datetime | None, until: datetime | None) -> QuerySet[Step]:
+    """Steps whose content left for their vendor (routing.compliance.reached_vendor), in a period."""
     qs = Step.objects.exclude(vendor="").exclude(status=StepStatus.PENDING).filter(started_at__isnull=False)
     if since:
         qs = qs.filter(started_at__gte=since)
     if until:
         qs = qs.filter(started_at__lt=until)
-    rows = {
-        (r["vendor"], r["run__task__classification"]): {**r, "judged": 0}
-        for r in qs.values("vendor", "run__task__classification").annotate(
-            tasks=Count("run__task", distinct=True),
-            steps=Count("id"),
-            input_tokens=Sum("input_tokens"),
-            output_tokens=Sum("output_tokens"),
-            cost=Sum("cost_usd"),
-        )
-    }
-    judged_tasks: dict[tuple[str, str], set[Any]] = {}
-    for event in _judge_calls(since, until):
-        key = (event.payload["vendor"], event.classification)
-        row = rows.setdefault(
-            key,
-            {
-                "vendor": key[0],
-                "run__task__classification": key[1],
-                "tasks": 0,
-                "steps": 0,
-                "input_tokens": 0,
-                "output_tokens": 0,
-                "cost": Decimal("0"),
-                "judged": 0,
-            },
-        )
-        row["judged"] += 1
-        row["input_tokens"] += int(event.payload.get("input_tokens") or 0)
-        row["output_tokens"] += int(event.payload.get("output_tokens") or 0)
-        row["cost"] += Decimal(str(event.payload.get("cost_usd") or "0"))
-        judged_tasks.setdefault(key, set()).add(event.task_id)
-    for key, task_ids in judged_tasks.items():  # tasks counted once, steps or judge
-        seen = set(
-            qs.filter(vendor=key[0], run__task__classification=key[1]).values_list("run__task", flat=True)
-        )
-        rows[key]["tasks"] = len(seen | task_ids)
-    return [rows[key] for key in sorted(rows)]
+    return qs
 
 
 def _judge_calls(since: datetime | None, until: datetime | None) -> QuerySet[AuditEvent]:
@@ -81,31 +112,28 @@ def _judge_calls(since: datetime | None, until: datetime | None) -> QuerySet[Aud
         qs = qs.filter(occurred_at__gte=since)
     if until:
         qs = qs.filter(occurred_at__lt=until)
-    return qs.annotate(
-        classification=Subquery(Task.objects.filter(pk=OuterRef("task_id")).values("classification")[:1])
-    )
+    return qs
 
 
 def vendor_tasks(
     *, vendor: str, classification: str, since: datetime | None, until: datetime | None, limit: int = 200
 ) -> list[Task]:
-    qs = Task.objects.filter(
-        runs__steps__vendor=vendor, classification=classification, runs__steps__started_at__isnull=False
-    )
+    """The newest tasks of a class whose content reached a vendor (a step's call or an LLM judge) in
+    the period: finished runs from TaskExposure (its first and last time overlap the period), runs in
+    flight from their rows."""
+    seen = TaskExposure.objects.filter(vendor=vendor, classification=classification)
     if since:
-        qs = qs.filter(runs__steps__started_at__gte=since)
+        seen = seen.filter(last_at__gte=since)
     if until:
-        qs = qs.filter(runs__steps__started_at__lt=until)
-    judged = {
-        e.task_id
-        for e in _judge_calls(since, until).filter(payload__vendor=vendor)
-        if e.classification == classification
-    }
-    return list(
-        Task.objects.filter(Q(pk__in=qs.values("pk")) | Q(pk__in=judged))
-        .distinct()
-        .order_by("-created_at")[:limit]
+        seen = seen.filter(first_at__lt=until)
+    ids = list(seen.order_by("-task_created_at").values_list("task_id", flat=True)[:limit])
+    ids += list(
+        _reached(since, until)
+        .filter(vendor=vendor, run__task__classification=classification, run__status__in=IN_FLIGHT)
+        .values_list("run__task_id", flat=True)
+        .distinct()[:limit]
     )
+    return list(Task.objects.filter(pk__in=ids).order_by("-created_at")[:limit])
 
 
 def task_chains(task: Task) -> list[str]:

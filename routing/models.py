@@ -216,6 +216,7 @@ class Task(models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at"], name="task_status_created"),
+            models.Index(fields=["finished_at"], name="task_finished"),  # the live overview's window
             GinIndex(fields=["search_vector"], name="task_text_search"),
         ]
 
@@ -284,6 +285,7 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["status", "heartbeat_at"], name="run_status_heartbeat"),
             models.Index(fields=["task", "-created_at"], name="run_task_created"),
+            models.Index(fields=["finished_at"], name="run_finished"),
         ]
 
     def __str__(self) -> str:
@@ -428,6 +430,124 @@ class Attempt(models.Model):
     class Meta:
         ordering = ["step", "number"]
         constraints = [models.UniqueConstraint(fields=["step", "number"], name="attempt_unique_number")]
+        indexes = [  # the live overview and the calls page: recent calls, and those in flight
+            models.Index(fields=["started_at"], name="attempt_started"),
+            models.Index(fields=["finished_at"], name="attempt_finished"),
+            models.Index(fields=["status"], condition=models.Q(status="started"), name="attempt_in_flight"),
+        ]
 
     def __str__(self) -> str:
         return f"Attempt {self.number} of step {self.step_id}: {self.status}"
+
+
+# --- Rollups: what the aggregate pages read, kept as runs finish (routing.rollups) ----------------
+
+ROLLUP_USD = {"max_digits": 28, "decimal_places": 10}  # sums of many USD amounts
+
+
+class UsageRollup(models.Model):
+    """Calls that reached a worker or an LLM judge, summed per hour of the call and per everything the
+    aggregate pages filter or group by. Written in the transaction that ends each run; equal to a
+    recount from the rows (`manage.py rebuild_rollups`). Kept when retention deletes the rows: counts,
+    tokens and money, no content."""
+
+    class Source(models.TextChoices):
+        STEP = "step", "Worker step"
+        JUDGE = "judge", "LLM judge"
+
+    hour = models.DateTimeField()
+    source = models.CharField(max_length=5, choices=Source.choices)
+    run_kind = models.CharField(max_length=12)
+    conductor = models.CharField(max_length=80)
+    worker_slug = models.CharField(max_length=80)
+    vendor = models.CharField(max_length=80)
+    classification = models.CharField(max_length=20)
+    domain = models.CharField(max_length=40)
+    calls = models.PositiveBigIntegerField(default=0, help_text="Steps, or judge calls")
+    new_tasks = models.PositiveBigIntegerField(
+        default=0, help_text="Tasks whose content reached this vendor for the first time in this cell"
+    )
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(**ROLLUP_USD, default=ZERO)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "hour",
+                    "source",
+                    "run_kind",
+                    "conductor",
+                    "worker_slug",
+                    "vendor",
+                    "classification",
+                    "domain",
+                ],
+                name="usage_rollup_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} calls to {self.worker_slug or self.vendor} in the hour of {self.hour:%Y-%m-%d %H:00}"
+
+
+class RunRollup(models.Model):
+    """Finished runs summed per hour of their creation, version, kind, task class and domain, the
+    worker that gave the final answer, and status (routing.rollups)."""
+
+    hour = models.DateTimeField()
+    run_kind = models.CharField(max_length=12)
+    conductor = models.CharField(max_length=80)
+    classification = models.CharField(max_length=20)
+    domain = models.CharField(max_length=40)
+    final_worker = models.CharField(max_length=80)
+    status = models.CharField(max_length=20)
+    runs = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(**ROLLUP_USD, default=ZERO)
+    scored = models.PositiveBigIntegerField(default=0)
+    score_sum = models.FloatField(default=0.0)
+    scored_cost_usd = models.DecimalField(**ROLLUP_USD, default=ZERO)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "hour",
+                    "run_kind",
+                    "conductor",
+                    "classification",
+                    "domain",
+                    "final_worker",
+                    "status",
+                ],
+                name="run_rollup_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.run_kind} runs of {self.conductor} in the hour of {self.hour:%Y-%m-%d %H:00}"
+
+
+class TaskExposure(models.Model):
+    """One row per task and vendor its content reached (a worker's step or an LLM judge), with the
+    first and last time: the vendor report's drill-down, and its count of distinct tasks. The task's
+    id is kept, not a foreign key: the fact that a vendor saw a task outlives the task's rows."""
+
+    task_id = models.UUIDField()
+    vendor = models.CharField(max_length=80)
+    classification = models.CharField(max_length=20)
+    task_created_at = models.DateTimeField()
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task_id", "vendor"], name="task_exposure_key")]
+        indexes = [
+            models.Index(
+                fields=["vendor", "classification", "-task_created_at"], name="task_exposure_vendor_recent"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"Task {self.task_id} reached {self.vendor}"

@@ -1,0 +1,144 @@
+"""Rollups: the aggregate pages (analytics, the vendor report) read sums kept per hour, not the rows.
+
+A run's steps, its LLM-judge call and the run itself are added in the transaction that ends it (the
+`run_finished` signal), two statements whatever the run's size. The same SQL over every finished run
+rebuilds them from the record (`manage.py rebuild_rollups`, and the migration that created them), so
+a recount always equals what was kept. What a page shows is then as fast at 10M steps as at 10k: it
+sums a few rows per hour of its window.
+
+Finished runs only: a run in flight is added when it ends (the vendor report adds runs in flight from
+their rows, so that no exposure waits for a run to end).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+
+from .models import CONDUCTOR_SLUG, RunRollup, TaskExposure, UsageRollup
+
+FINISHED = "r.status IN ('succeeded', 'failed')"
+ONE_RUN = "r.id = %(run)s"
+
+# Every call that reached a worker (a step that started) or an LLM judge (a score.judged event whose
+# judge was really asked), with what the pages group it by. `first_call`: the first call of its task
+# to its vendor in this set, to count the task once per vendor (see TaskExposure).
+_CALLS = """
+WITH runs AS (
+    SELECT r.id, r.kind, r.task_id, r.correlation_id, cv.name AS conductor, t.classification, t.domain,
+           t.created_at AS task_created_at
+    FROM routing_run r
+    JOIN routing_task t ON t.id = r.task_id
+    JOIN routing_conductorversion cv ON cv.id = r.conductor_version_id
+    WHERE {runs}
+), calls AS (
+    SELECT runs.*, 'step' AS source, s.worker_slug, s.vendor, s.started_at AS at,
+           s.input_tokens::bigint AS input_tokens, s.output_tokens::bigint AS output_tokens, s.cost_usd
+    FROM runs JOIN routing_step s ON s.run_id = runs.id
+    WHERE s.started_at IS NOT NULL AND s.status <> 'pending'
+    UNION ALL
+    SELECT runs.*, 'judge', '', e.payload->>'vendor', e.occurred_at,
+           (e.payload->>'input_tokens')::bigint, coalesce((e.payload->>'output_tokens')::bigint, 0),
+           coalesce((e.payload->>'cost_usd')::numeric, 0)
+    FROM runs JOIN audit_auditevent e ON e.correlation_id = runs.correlation_id
+    WHERE e.action = 'score.judged' AND coalesce((e.payload->>'input_tokens')::bigint, 0) > 0
+      AND coalesce(e.payload->>'vendor', '') <> ''
+), firsts AS (
+    SELECT calls.*,
+           row_number() OVER (PARTITION BY task_id, vendor ORDER BY at, source, worker_slug) = 1 AS first_call
+    FROM calls
+), pairs AS (
+    INSERT INTO routing_taskexposure (task_id, vendor, classification, task_created_at, first_at, last_at)
+    SELECT task_id, vendor, min(classification), min(task_created_at), min(at), max(at)
+    FROM calls WHERE vendor <> ''
+    GROUP BY task_id, vendor ORDER BY task_id, vendor
+    ON CONFLICT (task_id, vendor) DO UPDATE
+        SET first_at = LEAST(routing_taskexposure.first_at, EXCLUDED.first_at),
+            last_at = GREATEST(routing_taskexposure.last_at, EXCLUDED.last_at)
+    RETURNING task_id, vendor, (xmax = 0) AS inserted
+)
+INSERT INTO routing_usagerollup (hour, source, run_kind, conductor, worker_slug, vendor, classification, domain,
+                                 calls, new_tasks, input_tokens, output_tokens, cost_usd)
+SELECT date_trunc('hour', f.at, 'UTC'), f.source, f.kind, f.conductor, f.worker_slug, f.vendor,
+       f.classification, f.domain, count(*), count(*) FILTER (WHERE f.first_call AND p.inserted),
+       sum(f.input_tokens), sum(f.output_tokens), sum(f.cost_usd)
+FROM firsts f LEFT JOIN pairs p ON p.task_id = f.task_id AND p.vendor = f.vendor
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+ON CONFLICT (hour, source, run_kind, conductor, worker_slug, vendor, classification, domain) DO UPDATE
+    SET calls = routing_usagerollup.calls + EXCLUDED.calls,
+        new_tasks = routing_usagerollup.new_tasks + EXCLUDED.new_tasks,
+        input_tokens = routing_usagerollup.input_tokens + EXCLUDED.input_tokens,
+        output_tokens = routing_usagerollup.output_tokens + EXCLUDED.output_tokens,
+        cost_usd = routing_usagerollup.cost_usd + EXCLUDED.cost_usd
+"""
+
+# The worker that gave the final answer: as routing.selectors.final_worker says (the last step to
+# succeed that is not the conductor's own).
+_RUNS = """
+INSERT INTO routing_runrollup (hour, run_kind, conductor, classification, domain, final_worker, status,
+                               runs, cost_usd, scored, score_sum, scored_cost_usd)
+SELECT date_trunc('hour', r.created_at, 'UTC'), r.kind, cv.name, t.classification, t.domain,
+       coalesce(fw.worker_slug, ''), r.status, count(*), sum(r.cost_usd),
+       count(*) FILTER (WHERE r.score IS NOT NULL), coalesce(sum(r.score), 0),
+       coalesce(sum(r.cost_usd) FILTER (WHERE r.score IS NOT NULL), 0)
+FROM routing_run r
+JOIN routing_task t ON t.id = r.task_id
+JOIN routing_conductorversion cv ON cv.id = r.conductor_version_id
+LEFT JOIN LATERAL (
+    SELECT s.worker_slug FROM routing_step s
+    WHERE s.run_id = r.id AND s.status = 'succeeded' AND s.worker_slug <> %(conductor_slug)s
+    ORDER BY s.finished_at DESC, s.id DESC LIMIT 1
+) fw ON true
+WHERE {runs}
+GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7
+ON CONFLICT (hour, run_kind, conductor, classification, domain, final_worker, status) DO UPDATE
+    SET runs = routing_runrollup.runs + EXCLUDED.runs,
+        cost_usd = routing_runrollup.cost_usd + EXCLUDED.cost_usd,
+        scored = routing_runrollup.scored + EXCLUDED.scored,
+        score_sum = routing_runrollup.score_sum + EXCLUDED.score_sum,
+        scored_cost_usd = routing_runrollup.scored_cost_usd + EXCLUDED.scored_cost_usd
+"""
+
+
+def _add(runs: str, params: dict[str, Any]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_CALLS.format(runs=runs), params)
+        cursor.execute(_RUNS.format(runs=runs), {**params, "conductor_slug": CONDUCTOR_SLUG})
+
+
+def add_run(run_id: int) -> None:
+    """Add one finished run. Call inside the transaction that ends it, once."""
+    _add(ONE_RUN, {"run": run_id})
+
+
+def on_run_finished(sender: Any, run: Any, **_: Any) -> None:
+    """routing.signals.run_finished: in the same transaction as the run's end."""
+    add_run(run.pk)
+
+
+def rebuild() -> dict[str, int]:
+    """Recount every rollup from the rows of the finished runs. Runs ending meanwhile wait on the
+    tables' lock and are added after, once."""
+    tables = [m._meta.db_table for m in (UsageRollup, RunRollup, TaskExposure)]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)}")
+        _add(FINISHED, {})
+    return {m.__name__: m.objects.count() for m in (UsageRollup, RunRollup, TaskExposure)}
+
+
+def hour_floor(moment: datetime) -> datetime:
+    """The start of the (UTC) hour `moment` falls in: the rollups' grain."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def hour_ceil(moment: datetime) -> datetime:
+    """The end of the hour `moment` falls in (itself when it is a whole hour)."""
+    start = hour_floor(moment)
+    return start if start == moment else start + timedelta(hours=1)
+
+
+def hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+    """A window as whole hours: from the hour `since` falls in to the end of the hour `until` falls in."""
+    return hour_floor(since), hour_ceil(until)
