@@ -1,0 +1,186 @@
+"""The rollups the aggregate pages read: kept as real runs finish, equal to a recount from the rows,
+each task counted once per vendor, runs in flight added from their rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from django.db.models import Sum
+from django.utils import timezone as dj_timezone
+
+from audit.actions import Action
+from audit.models import AuditEvent
+from routing import compliance, engine, replay, rollups
+from routing.models import (
+    Run,
+    RunRollup,
+    RunStatus,
+    Step,
+    StepStatus,
+    Task,
+    TaskExposure,
+    UsageRollup,
+)
+from routing.services import TaskSubmission, task_submit
+from tests.openai_server import Reply
+from tests.training.test_judge_and_regex import judge_worker, judged_run  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _snapshot() -> dict[str, list[tuple]]:
+    return {
+        model.__name__: sorted(tuple(str(v) for v in row) for row in model.objects.values_list(*fields))
+        for model, fields in (
+            (
+                UsageRollup,
+                (
+                    "hour",
+                    "source",
+                    "run_kind",
+                    "conductor",
+                    "worker_slug",
+                    "vendor",
+                    "classification",
+                    "domain",
+                    "calls",
+                    "new_tasks",
+                    "input_tokens",
+                    "output_tokens",
+                    "cost_usd",
+                ),
+            ),
+            (
+                RunRollup,
+                (
+                    "hour",
+                    "run_kind",
+                    "conductor",
+                    "classification",
+                    "domain",
+                    "final_worker",
+                    "status",
+                    "runs",
+                    "cost_usd",
+                    "scored",
+                    "score_sum",
+                    "scored_cost_usd",
+                ),
+            ),
+            (TaskExposure, ("task_id", "vendor", "classification", "task_created_at", "first_at", "last_at")),
+        )
+    }
+
+
+@pytest.fixture
+def history(judge_worker):  # noqa: F811 - the fixture imported above
+    """Real runs: replay tasks of two domains, one run again (a retry), one graded by an LLM judge."""
+    items = replay.read_items(replay.split_path("dev"))
+    chosen = [i for i in items if i.domain == "gsm8k"][:2] + [i for i in items if i.domain == "math-l5"][:2]
+    tasks = []
+    for item in chosen:
+        task, _ = task_submit(
+            submission=TaskSubmission(
+                text=item.task, reference=item.reference, domain=item.domain, source_item=item.id
+            ),
+            source=Task.Source.CLI,
+        )
+        engine.execute_run(task.runs.get().pk)
+        tasks.append(task)
+    first = tasks[0].runs.get()
+    retry = Run.objects.create(task=tasks[0], conductor_version=first.conductor_version, kind=Run.Kind.RETRY)
+    engine.execute_run(retry.pk)
+    judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
+    judged = judged_run()
+    return {"tasks": tasks, "retry": retry, "judged": judged}
+
+
+def test_rollups_kept_as_runs_finish_equal_a_recount_and_the_rows(history):
+    kept = _snapshot()
+    assert kept["UsageRollup"] and kept["RunRollup"] and kept["TaskExposure"]
+    counts = rollups.rebuild()
+    assert _snapshot() == kept
+    assert counts["RunRollup"] == RunRollup.objects.count()
+
+    # ... and the sums are the rows'.
+    started = Step.objects.exclude(status=StepStatus.PENDING).filter(started_at__isnull=False)
+    steps = UsageRollup.objects.filter(source=UsageRollup.Source.STEP).aggregate(
+        calls=Sum("calls"), cost=Sum("cost_usd"), tokens=Sum("input_tokens")
+    )
+    assert steps["calls"] == started.count() > 0
+    assert steps["cost"] == started.aggregate(c=Sum("cost_usd"))["c"]
+    assert steps["tokens"] == started.aggregate(t=Sum("input_tokens"))["t"]
+    runs = RunRollup.objects.aggregate(runs=Sum("runs"), cost=Sum("cost_usd"), scored=Sum("scored"))
+    assert runs["runs"] == Run.objects.count() == 6
+    assert runs["cost"] == Run.objects.aggregate(c=Sum("cost_usd"))["c"]
+    assert runs["scored"] == Run.objects.filter(score__isnull=False).count()
+
+    # The judge's call is a call to its vendor, with the cost the event recorded.
+    judge = UsageRollup.objects.get(source=UsageRollup.Source.JUDGE)
+    event = AuditEvent.objects.get(action=Action.SCORE_JUDGED)
+    assert (judge.vendor, judge.calls, judge.new_tasks) == ("acme", 1, 1)
+    assert judge.cost_usd == Decimal(str(event.payload["cost_usd"])) > 0
+
+    # One row per task and vendor, however many runs and steps reached it.
+    pairs = {(s.run.task_id, s.vendor) for s in started.exclude(vendor="").select_related("run")}
+    pairs.add((history["judged"].task_id, "acme"))
+    assert set(TaskExposure.objects.values_list("task_id", "vendor")) == pairs
+    assert UsageRollup.objects.aggregate(n=Sum("new_tasks"))["n"] == len(pairs)
+
+
+def test_a_task_sent_twice_to_a_vendor_counts_once_and_a_run_in_flight_counts_from_its_rows(history):
+    task = history["tasks"][0]
+    vendor = task.runs.get(kind=Run.Kind.LIVE).steps.exclude(vendor="").first().vendor
+    (row,) = [r for r in compliance.vendor_exposure(since=None, until=None) if r["vendor"] == vendor]
+    steps_to_vendor = Step.objects.filter(vendor=vendor, started_at__isnull=False).count()
+    tasks_to_vendor = Step.objects.filter(vendor=vendor).values("run__task").distinct().count()
+    assert row["steps"] == steps_to_vendor and row["tasks"] == tasks_to_vendor  # the retry did not add a task
+
+    # A run in flight: a step of it has reached a new vendor; it is on the report before the run ends,
+    # and its task (already counted for `vendor`) is not counted twice.
+    live = task.runs.get(kind=Run.Kind.LIVE)
+    flight = Run.objects.create(
+        task=task, conductor_version=live.conductor_version, kind=Run.Kind.RETRY, status=RunStatus.RUNNING
+    )
+    done = live.steps.exclude(vendor="").first()
+    now = dj_timezone.now()
+    for slug, to in (("far-away", "initech"), (done.worker_slug, vendor)):
+        Step.objects.create(
+            run=flight,
+            decision=done.decision,
+            index=100 + len(to),
+            worker_slug=slug,
+            vendor=to,
+            instruction="x",
+            status=StepStatus.RUNNING,
+            started_at=now,
+            cost_usd=Decimal("0.5"),
+        )
+    rows = {r["vendor"]: r for r in compliance.vendor_exposure(since=None, until=None)}
+    assert (rows["initech"]["steps"], rows["initech"]["tasks"]) == (1, 1)
+    assert rows["initech"]["cost"] == Decimal("0.5")
+    assert (rows[vendor]["steps"], rows[vendor]["tasks"]) == (steps_to_vendor + 1, tasks_to_vendor)
+    listed = compliance.vendor_tasks(
+        vendor="initech", classification=task.classification, since=None, until=None
+    )
+    assert listed == [task]
+    # A period that ended before it all: nothing.
+    assert compliance.vendor_exposure(since=None, until=now - timedelta(days=1)) == []
+    assert (
+        compliance.vendor_tasks(
+            vendor=vendor, classification=task.classification, since=None, until=now - timedelta(days=1)
+        )
+        == []
+    )
+
+
+def test_windows_are_whole_utc_hours():
+    india = timezone(timedelta(hours=5, minutes=30))
+    since = datetime(2026, 5, 1, 10, 10, tzinfo=india)  # 04:40 UTC
+    until = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    assert rollups.hours(since, until) == (datetime(2026, 5, 1, 4, tzinfo=UTC), until)
+    assert rollups.hour_ceil(datetime(2026, 5, 1, 12, 0, 1, tzinfo=UTC)) == datetime(
+        2026, 5, 1, 13, tzinfo=UTC
+    )
