@@ -8,12 +8,15 @@ import io
 import json
 import re
 import tracemalloc
+from datetime import datetime
 
 import pytest
 from django.db import connection, transaction
 from django.test import Client
 
+from audit.chain import content_of, digest
 from audit.checkpoints import checkpoint_create
+from audit.csv_safe import original_cell
 from audit.exports import FIELDS
 from audit.models import AuditEvent
 from audit.services import Actor, event_record, legal_hold_place
@@ -107,6 +110,54 @@ def test_jsonl_export_holds_exactly_the_filtered_events_after_a_first_line_namin
 
 
 @pytest.mark.django_db
+def test_each_exported_event_recomputes_to_its_hash_in_both_formats(record, auditor, make_user):
+    """A reader re-derives every hash from the file alone: occurred_at to the microsecond as the hash
+    covers it, the payload's values, and text cells un-quoted (audit.csv_safe.original_cell), a name
+    that a spreadsheet would read as a formula included."""
+    hostile = make_user("@mallory", "operator")
+    with transaction.atomic():
+        event_record(
+            actor=Actor.for_user(hostile),
+            action="record.viewed",
+            obj=record["tasks"][1],
+            payload={"text": '=HYPERLINK("http://x")', "back\\slash": "a\\b\tc", "n": 1.5},
+        )
+    before = AuditEvent.objects.count()
+    assert before > 10
+
+    def recomputed(values: dict) -> str:
+        content = content_of(
+            chain=values["chain"],
+            seq=int(values["seq"]),
+            occurred_at=datetime.fromisoformat(values["occurred_at"]),
+            actor_type=values["actor_type"],
+            actor_id=values["actor_id"],
+            actor_name=values["actor_name"],
+            action=values["action"],
+            object_type=values["object_type"],
+            object_id=values["object_id"],
+            task_id=values["task_id"] or None,
+            correlation_id=values["correlation_id"] or None,
+            payload=values["payload"],
+        )
+        return digest(values["prev_hash"], content)
+
+    rows = list(csv.reader(io.StringIO(body_of(auditor.get("/audit/export.csv")), newline="")))
+    from_csv = {}
+    for row in rows[1:-1]:
+        values = {name: original_cell(cell) for name, cell in zip(FIELDS, row, strict=True)}
+        values["payload"] = json.loads(values["payload"])
+        from_csv[int(values["id"])] = recomputed(values)
+    assert "'@mallory" in {row[6] for row in rows[1:-1]}  # written quoted, read back as it was
+    lines = [json.loads(line) for line in body_of(auditor.get("/audit/export.jsonl")).splitlines()[1:]]
+    from_jsonl = {line["id"]: recomputed(line) for line in lines}
+    stored = {e.pk: e.hash for e in AuditEvent.objects.all()}
+    # Each export holds every event there was, and its own audit.exported event (recorded first).
+    assert from_csv == {k: stored[k] for k in from_csv} and len(from_csv) == before + 1
+    assert from_jsonl == {k: stored[k] for k in from_jsonl} and len(from_jsonl) == before + 2
+
+
+@pytest.mark.django_db
 def test_an_export_of_the_global_chain_is_itself_recorded_and_an_unknown_format_is_404(record, auditor):
     response = auditor.get("/audit/export.csv", {"chain": "global", "action": "note."})
     assert response.status_code == 200
@@ -189,7 +240,7 @@ def test_the_streaming_csv_export_runs_in_bounded_memory(auditor):
         size = lines = 0
         for chunk in response.streaming_content:
             size += len(chunk)
-            lines += chunk.count(b"\r\n")
+            lines += chunk.count(b"\n")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
