@@ -7,14 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Exists, Max, OuterRef, QuerySet, Subquery
 
 from audit.actions import Action
 from audit.services import Actor, event_record
@@ -24,16 +24,21 @@ from routing.limits import name_check
 from routing.models import ConductorVersion, Decision, Task
 
 from ..models import Dataset, Rollout
-from ..rewards import RewardConfig, RunReward, group_advantages, reward_of
+from ..rewards import RewardConfig, group_advantages, reward_of
 from .common import FINISHED_RUN, TrainingError, check_or_refuse, user_of
 
 DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a time
 
 
-def conductor_prompt(task: Task) -> list[dict[str, str]]:
-    """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt)."""
-
-    workers, _ = screened_workers(task)
+def conductor_prompt(task: Task, pools: dict[str, list[Any]] | None = None) -> list[dict[str, str]]:
+    """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt).
+    `pools`: the screened pool per data class, kept across the tasks of one build."""
+    if pools is not None and task.classification in pools:
+        workers = pools[task.classification]
+    else:
+        workers, _ = screened_workers(task)
+        if pools is not None:
+            pools[task.classification] = workers
     request = plan_request(task, workers, remaining_steps=task.max_steps, depth=0)
     if not workers:
         raise TrainingError(f"no enabled worker may receive {task.classification} data: no prompt to write")
@@ -115,55 +120,6 @@ def dataset_build(
         rollouts = rollouts.filter(run__created_at__lt=until)
     if items:
         rollouts = rollouts.filter(item__in=items)
-    found = list(rollouts.order_by("item", "run_id"))
-    root_plans = _root_plans([r.run_id for r in found])
-    groups: dict[str, list[tuple[Rollout, RunReward]]] = {}
-    ungraded = 0
-    for rollout in found:
-        earned = reward_of(
-            parsed=root_plans.get(rollout.run_id, ("", False))[1],
-            correct=rollout.run.score,
-            cost_usd=rollout.run.cost_usd,
-            config=reward_config,
-        )
-        if earned.parsed and earned.correct is None and rollout.task.reference:
-            ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward to learn
-            continue
-        groups.setdefault(rollout.item, []).append((rollout, earned))
-    kept = {item: members for item, members in groups.items() if len(members) >= min_group_size}
-    if not kept:
-        raise TrainingError(
-            f"no group of at least {min_group_size} finished rollouts matches the filter "
-            f"({len(groups)} smaller groups, {ungraded} ungraded samples left out)"
-        )
-    rows: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
-    prompts: dict[Any, list[dict[str, str]]] = {}
-    run_ids: list[int] = []
-    for item, pairs in sorted(kept.items()):
-        members = [rollout for rollout, _ in pairs]
-        rewards = [earned for _, earned in pairs]
-        task = members[0].task
-        if task.pk not in prompts:
-            prompts[task.pk] = conductor_prompt(task)
-        values = [r.reward for r in rewards]
-        run_ids += [r.run_id for r in members]
-        rows[_split_of(item, validation_fraction)].append(
-            {
-                "prompt": prompts[task.pk],
-                "item": item,
-                "task_id": str(task.pk),
-                "domain": task.domain,
-                "reference": task.reference,
-                "scorer": task.scorer,
-                "group_completions": [root_plans.get(r.run_id, ("", False))[0] for r in members],
-                "rewards": values,
-                "advantages": group_advantages(values),
-                "scores": [r.correct for r in rewards],
-                "parsed": [r.parsed for r in rewards],
-                "costs_usd": [str(r.cost_usd) for r in rewards],
-                "run_ids": [r.run_id for r in members],
-            }
-        )
     with transaction.atomic():
         # One build of a name at a time: the next version number is read under this lock.
         with connection.cursor() as cursor:
@@ -173,29 +129,40 @@ def dataset_build(
         directory = settings.VAR_DIR / relative
         if directory.exists():
             raise TrainingError(f"{relative} exists but no dataset names it; move it away first")
-        spreads = [max(v) - min(v) for v in ([r.reward for _, r in pairs] for pairs in kept.values())]
-        counts = {
-            "groups": len(kept),
-            # A group whose samples all earned the same reward has advantage 0 everywhere: GRPO learns
-            # nothing from it. How many can teach, and how far rewards spread within a group.
-            "groups_with_signal": sum(spread > 1e-9 for spread in spreads),
-            "reward_spread_mean": round(sum(spreads) / len(spreads), 6) if spreads else 0.0,
-            "train": len(rows["train"]),
-            "validation": len(rows["validation"]),
-            "completions": len(run_ids),
-            "skipped_groups": len(groups) - len(kept),
-            "ungraded_samples": ungraded,
-        }
         try:
-            content_hash = _write_files(directory, rows)
+            with _Files(directory) as files:
+                built = _stream_groups(
+                    rollouts,
+                    files,
+                    reward_config,
+                    min_group_size=min_group_size,
+                    validation=validation_fraction,
+                )
+            if not built.kept:
+                raise TrainingError(
+                    f"no group of at least {min_group_size} finished rollouts matches the filter "
+                    f"({built.groups} smaller groups, {built.ungraded} ungraded samples left out)"
+                )
+            counts = {
+                "groups": built.kept,
+                # A group whose samples all earned the same reward has advantage 0 everywhere: GRPO
+                # learns nothing from it. How many can teach, and how far rewards spread within a group.
+                "groups_with_signal": built.with_signal,
+                "reward_spread_mean": round(built.spread_sum / built.kept, 6),
+                "train": files.rows["train"],
+                "validation": files.rows["validation"],
+                "completions": len(built.run_ids),
+                "skipped_groups": built.groups - built.kept,
+                "ungraded_samples": built.ungraded,
+            }
             dataset = Dataset.objects.create(
                 name=name,
                 version=version,
                 filter=selection.as_dict(),
                 reward_config=reward_config.as_dict(),
                 counts=counts,
-                content_hash=content_hash,
-                source_run_ids=sorted(run_ids),
+                content_hash=files.content_hash(),
+                source_run_ids=sorted(built.run_ids),
                 path=str(relative),
                 created_by=user_of(user),
             )
@@ -210,8 +177,8 @@ def dataset_build(
                     "filter": selection.as_dict(),
                     "reward_config": reward_config.as_dict(),
                     "counts": counts,
-                    "content_hash": content_hash,
-                    "source_runs": len(run_ids),
+                    "content_hash": dataset.content_hash,
+                    "source_runs": len(built.run_ids),
                 },
             )
         except BaseException:
@@ -220,32 +187,189 @@ def dataset_build(
     return dataset
 
 
-def _root_plans(run_ids: list[int]) -> dict[int, tuple[str, bool]]:
-    """Per run: the top-level plan text its conductor wrote (its last try), and whether a try parsed."""
-    plans: dict[int, tuple[str, bool]] = {}
-    for run_id, raw, valid in (
-        Decision.objects.filter(run_id__in=run_ids, depth=0)
-        .order_by("run_id", "attempt", "id")
-        .values_list("run_id", "raw_output", "valid")
-    ):
-        plans[run_id] = (raw, valid or plans.get(run_id, ("", False))[1])
-    return plans
+BATCH = 2000  # rollouts per fetch, and groups per write: memory stays flat whatever the dataset's size
 
 
-def _write_files(directory: Path, rows: dict[str, list[dict[str, Any]]]) -> str:
+@dataclass
+class _Built:
+    groups: int = 0  # items with at least one graded sample
+    kept: int = 0  # of those, with at least min_group_size
+    ungraded: int = 0
+    with_signal: int = 0
+    spread_sum: float = 0.0
+    run_ids: list[int] = field(default_factory=list)
+
+
+def _stream_groups(
+    rollouts: QuerySet[Rollout],
+    files: _Files,
+    config: RewardConfig,
+    *,
+    min_group_size: int,
+    validation: float,
+) -> _Built:
+    """One pass over the rollouts in item order: each item's samples are a group, rewarded and written
+    as soon as the next item begins."""
+    last_plan = Decision.objects.filter(run_id=OuterRef("run_id"), depth=0).order_by("-attempt", "-id")
+    rows = (
+        rollouts.order_by("item", "run_id")
+        .values_list(
+            "item",
+            "run_id",
+            "run__score",
+            "run__cost_usd",
+            "task_id",
+            "task__text",
+            "task__domain",
+            "task__reference",
+            "task__scorer",
+            "task__classification",
+            "task__max_steps",
+            "task__max_depth",
+        )
+        .annotate(
+            plan=Subquery(last_plan.values("raw_output")[:1]),
+            parsed=Exists(Decision.objects.filter(run_id=OuterRef("run_id"), depth=0, valid=True)),
+        )
+        .iterator(chunk_size=BATCH)
+    )
+    built = _Built()
+    pools: dict[str, list[Any]] = {}
+
+    def flush(members: list[tuple[Any, ...]]) -> None:
+        graded = []
+        for row in members:
+            earned = reward_of(parsed=row[13], correct=row[2], cost_usd=row[3], config=config)
+            if earned.parsed and earned.correct is None and row[7]:
+                built.ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward
+                continue
+            graded.append((row, earned))
+        if not graded:
+            return
+        built.groups += 1
+        if len(graded) < min_group_size:
+            return
+        first = graded[0][0]
+        task = Task(
+            pk=first[4],
+            text=first[5],
+            domain=first[6],
+            reference=first[7],
+            scorer=first[8],
+            classification=first[9],
+            max_steps=first[10],
+            max_depth=first[11],
+        )
+        values = [earned.reward for _, earned in graded]
+        ids = [row[1] for row, _ in graded]
+        built.kept += 1
+        spread = max(values) - min(values)
+        built.with_signal += spread > 1e-9
+        built.spread_sum += spread
+        built.run_ids += ids
+        files.add(
+            _split_of(first[0], validation),
+            {
+                "prompt": conductor_prompt(task, pools),
+                "item": first[0],
+                "task_id": str(task.pk),
+                "domain": task.domain,
+                "reference": task.reference,
+                "scorer": task.scorer,
+                "group_completions": [row[12] or "" for row, _ in graded],
+                "rewards": values,
+                "advantages": group_advantages(values),
+                "scores": [earned.correct for _, earned in graded],
+                "parsed": [earned.parsed for _, earned in graded],
+                "costs_usd": [str(earned.cost_usd) for _, earned in graded],
+                "run_ids": ids,
+            },
+        )
+
+    members: list[tuple[Any, ...]] = []
+    for row in rows:
+        if members and row[0] != members[0][0]:
+            flush(members)
+            members = []
+        members.append(row)
+    if members:
+        flush(members)
+    return built
+
+
+def _schema() -> Any:
+    """The files' columns (TRL conversational: `prompt` is a list of messages)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    directory.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    schema = pa.Table.from_pylist(rows["train"] or rows["validation"]).schema
-    for split in ("train", "validation"):
-        lines = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows[split])
-        data = lines.encode()
-        digest.update(data)
-        (directory / f"{split}.jsonl").write_bytes(data)
-        pq.write_table(pa.Table.from_pylist(rows[split], schema=schema), directory / f"{split}.parquet")
-    return digest.hexdigest()
+    return pa.schema(
+        [
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("item", pa.string()),
+            ("task_id", pa.string()),
+            ("domain", pa.string()),
+            ("reference", pa.string()),
+            ("scorer", pa.string()),
+            ("group_completions", pa.list_(pa.string())),
+            ("rewards", pa.list_(pa.float64())),
+            ("advantages", pa.list_(pa.float64())),
+            ("scores", pa.list_(pa.float64())),
+            ("parsed", pa.list_(pa.bool_())),
+            ("costs_usd", pa.list_(pa.string())),
+            ("run_ids", pa.list_(pa.int64())),
+        ]
+    )
+
+
+class _Files:
+    """train/validation as Parquet and JSON Lines, written BATCH groups at a time."""
+
+    SPLITS = ("train", "validation")
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.rows = dict.fromkeys(self.SPLITS, 0)
+        self._pending: dict[str, list[dict[str, Any]]] = {split: [] for split in self.SPLITS}
+
+    def __enter__(self) -> _Files:
+        import pyarrow.parquet as pq
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._schema = _schema()
+        self._parquet = {
+            s: pq.ParquetWriter(self.directory / f"{s}.parquet", self._schema) for s in self.SPLITS
+        }
+        self._jsonl = {s: (self.directory / f"{s}.jsonl").open("w", encoding="utf-8") for s in self.SPLITS}
+        return self
+
+    def add(self, split: str, row: dict[str, Any]) -> None:
+        self._pending[split].append(row)
+        self.rows[split] += 1
+        if len(self._pending[split]) >= BATCH:
+            self._write(split)
+
+    def _write(self, split: str) -> None:
+        import pyarrow as pa
+
+        rows, self._pending[split] = self._pending[split], []
+        if rows:
+            self._jsonl[split].write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+            self._parquet[split].write_table(pa.Table.from_pylist(rows, schema=self._schema))
+
+    def __exit__(self, *exc: Any) -> None:
+        for split in self.SPLITS:
+            if exc[0] is None:
+                self._write(split)
+            self._jsonl[split].close()
+            self._parquet[split].close()
+
+    def content_hash(self) -> str:
+        """sha256 over train.jsonl, then validation.jsonl."""
+        digest = hashlib.sha256()
+        for split in self.SPLITS:
+            with (self.directory / f"{split}.jsonl").open("rb") as fh:
+                while block := fh.read(1 << 20):
+                    digest.update(block)
+        return digest.hexdigest()
 
 
 def _manifest(dataset: Dataset) -> dict[str, Any]:
