@@ -13,13 +13,23 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from .actions import Action
 
 GLOBAL_CHAIN = "global"
+
+# What the policy report lists: blocks (plans and steps stopped by a rule) and changes to the rules.
+# One expression for the report's query and the partial index that serves it (the planner uses the
+# index only when the query states exactly its condition).
+POLICY_EVENT = (
+    Q(action=Action.PLAN_BLOCKED)
+    | Q(action__startswith="policyrule.")
+    | Q(action=Action.STEP_FAILED, payload__note__startswith="policy")
+    | Q(action=Action.RUN_FAILED, payload__stop_reason="policy_blocked")
+)
 
 
 class AuditEvent(models.Model):
@@ -53,6 +63,8 @@ class AuditEvent(models.Model):
             models.Index(
                 KT("payload__chain"), condition=Q(action=Action.RUN_SEALED), name="audit_seal_chain"
             ),
+            # The policy report, newest first, without walking every event back to the rare ones.
+            models.Index(F("id").desc(), condition=POLICY_EVENT, name="audit_policy_events"),
         ]
 
     def __str__(self) -> str:

@@ -4,20 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Q
-
-from .actions import Action
-from .models import AuditEvent, PolicyRule
+from .models import POLICY_EVENT, AuditEvent, PolicyRule
 
 
 def policy_events(*, since: datetime | None, until: datetime | None, limit: int = 500) -> list[AuditEvent]:
     """Blocks (plans and steps stopped by a rule) and changes to the rules, newest first."""
-    qs = AuditEvent.objects.filter(
-        Q(action=Action.PLAN_BLOCKED)
-        | Q(action__startswith="policyrule.")
-        | Q(action=Action.STEP_FAILED, payload__note__startswith="policy")
-        | Q(action=Action.RUN_FAILED, payload__stop_reason="policy_blocked")
-    )
+    qs = AuditEvent.objects.filter(POLICY_EVENT)
     if since:
         qs = qs.filter(occurred_at__gte=since)
     if until:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from audit.models import AuditEvent, PolicyRule
+from audit import selectors
+from audit.models import POLICY_EVENT, AuditEvent, PolicyRule
 from routing.models import Attempt, Decision, RunStatus, Step, StepStatus, Worker
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
@@ -189,6 +190,32 @@ def test_a_rule_created_between_planning_and_the_call_stops_the_step_before_the_
     assert not AuditEvent.objects.filter(
         correlation_id=run.correlation_id, action="step.succeeded", object_id=str(steps[1].pk)
     ).exists()
+
+
+def test_the_policy_report_lists_blocks_and_rule_changes_through_its_partial_index(live_pool):
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("gamma", "Finish", [])))])
+    PolicyRule.objects.create(name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"])
+    run = run_now(submit())
+    assert run.status == RunStatus.FAILED and run.stop_reason == "policy_blocked"
+
+    listed = selectors.policy_events(since=None, until=None)
+    actions = [e.action for e in listed]
+    assert {"plan.blocked", "run.failed"} <= set(actions), actions
+    assert [e.pk for e in listed] == sorted((e.pk for e in listed), reverse=True)  # newest first
+    unrelated = AuditEvent.objects.filter(correlation_id=run.correlation_id).exclude(
+        pk__in=[e.pk for e in listed]
+    )
+    assert unrelated.filter(action="run.started").exists()  # the run's other events are not policy events
+
+    # The report's query states the index's condition, so the planner can read only policy events.
+    sql, params = AuditEvent.objects.filter(POLICY_EVENT).order_by("-id")[:500].query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("EXPLAIN " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("RESET enable_seqscan")
+    assert "audit_policy_events" in plan, plan
 
 
 def test_an_allowed_plan_records_each_steps_verdict(live_pool):
