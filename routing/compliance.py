@@ -22,7 +22,7 @@ from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
 
 from . import rollups
-from .models import ConductorVersion, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
+from .models import ConductorVersion, Run, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
 from .plans import visible_indices
 
 
@@ -69,7 +69,7 @@ def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[d
         for key in ("tasks", "steps", "judged", "input_tokens", "output_tokens", "cost"):
             out[key] += r[key] or 0
     # Runs in flight: their steps that already reached a vendor, from the rows (few: the runs not ended).
-    flight = _reached(since, until).filter(run__status__in=IN_FLIGHT)
+    flight = _in_flight(since, until)
     for r in flight.values("vendor", "run__task__classification").annotate(
         steps=Count("id"),
         input_tokens=Sum("input_tokens"),
@@ -103,6 +103,16 @@ def _reached(since: datetime | None, until: datetime | None) -> QuerySet[Step]:
     return qs
 
 
+def _in_flight(since: datetime | None, until: datetime | None) -> QuerySet[Step]:
+    """Steps of runs not ended yet that reached their vendor: found from the runs (few, by their status
+    index), not by scanning steps."""
+    return (
+        _reached(since, until)
+        .filter(run_id__in=Run.objects.filter(status__in=IN_FLIGHT).values("pk"))
+        .order_by()
+    )
+
+
 def _judge_calls(since: datetime | None, until: datetime | None) -> QuerySet[AuditEvent]:
     """score.judged events where the judge was really asked (it was sent the task and the answer)."""
     qs = AuditEvent.objects.filter(action=Action.SCORE_JUDGED, payload__input_tokens__gt=0).exclude(
@@ -128,8 +138,8 @@ def vendor_tasks(
         seen = seen.filter(first_at__lt=until)
     ids = list(seen.order_by("-task_created_at").values_list("task_id", flat=True)[:limit])
     ids += list(
-        _reached(since, until)
-        .filter(vendor=vendor, run__task__classification=classification, run__status__in=IN_FLIGHT)
+        _in_flight(since, until)
+        .filter(vendor=vendor, run__task__classification=classification)
         .values_list("run__task_id", flat=True)
         .distinct()[:limit]
     )

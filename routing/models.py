@@ -551,3 +551,32 @@ class TaskExposure(models.Model):
 
     def __str__(self) -> str:
         return f"Task {self.task_id} reached {self.vendor}"
+
+
+class OpsRollup(models.Model):
+    """The live overview's history over a day or a week: per half hour (UTC) of finishing, runs by
+    kind, and provider calls by worker and status, with their cost and, for succeeded calls, a
+    latency histogram (`latency_bucket`: routing.rollups.LATENCY_BOUNDS_MS). Written as runs finish
+    (routing.rollups)."""
+
+    slot = models.DateTimeField()
+    series = models.CharField(max_length=4)  # "run" or "call"
+    run_kind = models.CharField(max_length=12)
+    worker_slug = models.CharField(max_length=80)
+    status = models.CharField(max_length=20)
+    latency_bucket = models.PositiveSmallIntegerField(
+        default=0, help_text="0: not a succeeded call with a latency"
+    )
+    n = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(**ROLLUP_USD, default=ZERO)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["slot", "series", "run_kind", "worker_slug", "status", "latency_bucket"],
+                name="ops_rollup_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.n} {self.series}s in the half hour of {self.slot:%Y-%m-%d %H:%M}"

@@ -27,7 +27,8 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu.exceptions import ChannelError, OperationalError
 
-from .models import Attempt, Run, RunStatus, StopReason, Task
+from . import rollups
+from .models import Attempt, OpsRollup, Run, RunStatus, StopReason, Task
 
 
 class Percentile(Aggregate):
@@ -198,50 +199,88 @@ class DateBin(Func):
 
 def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, Any]:
     """Runs finished by what they were for, provider errors by kind (a share of calls), p50 and p95
-    call latency per worker, and spend per minute, in buckets that fit the period."""
+    call latency per worker, and spend per minute, in buckets that fit the period. The last hour is
+    read from the rows, to the minute and with the runs in flight; a day or a week from the rollups
+    of finished runs (routing.rollups: half hours, latency percentiles from a histogram)."""
     length, stride = PERIODS[period]
     now = now or timezone.now()
-    origin = (now - length).replace(second=0, microsecond=0)
-    buckets = [origin + stride * i for i in range(int(length / stride) + 1)]
+    # Buckets aligned to their stride (a day's on the half hour, a week's on 4 hours UTC).
+    origin = rollups.SLOT_ORIGIN + (now - length - rollups.SLOT_ORIGIN) // stride * stride
+    buckets = [origin + stride * i for i in range(int((now - origin) / stride) + 1)]
     at = {b: i for i, b in enumerate(buckets)}
+    end = buckets[-1] + stride  # a run ending while this is read falls in no bucket yet
 
     def series() -> list[float]:
         return [0.0] * len(buckets)
 
     runs: dict[str, list[float]] = {}
-    for row in (
-        Run.objects.filter(finished_at__gte=origin)
-        .order_by()
-        .values("kind", bucket=DateBin(stride, F("finished_at"), origin))
-        .annotate(n=Count("pk"))
-    ):
-        runs.setdefault(KIND_GROUPS.get(row["kind"], row["kind"]), series())[at[row["bucket"]]] += row["n"]
-
     calls = series()
     errors: dict[str, list[float]] = {}
     spend = series()
-    attempts = Attempt.objects.filter(finished_at__gte=origin).order_by()
-    for row in attempts.values("status", bucket=DateBin(stride, F("finished_at"), origin)).annotate(
-        n=Count("pk"), cost=Sum("cost_usd")
-    ):
-        i = at[row["bucket"]]
-        calls[i] += row["n"]
-        spend[i] += float(row["cost"] or 0) / (stride.total_seconds() / 60)
-        if row["status"] in Attempt.ERRORS:
-            errors.setdefault(row["status"], series())[i] += row["n"]
+    histograms: dict[str, dict[int, dict[int, int]]] = {}  # worker -> bucket index -> latency bucket -> n
+    latency: dict[str, dict[str, list[float | None]]] = {}
+
+    def add_calls(index: int, status: str, n: int, cost: Any) -> None:
+        calls[index] += n
+        spend[index] += float(cost or 0) / (stride.total_seconds() / 60)
+        if status in Attempt.ERRORS:
+            errors.setdefault(status, series())[index] += n
+
+    if stride < rollups.SLOT:
+        for row in (
+            Run.objects.filter(finished_at__gte=origin, finished_at__lt=end)
+            .order_by()
+            .values("kind", bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN))
+            .annotate(n=Count("pk"))
+        ):
+            runs.setdefault(KIND_GROUPS.get(row["kind"], row["kind"]), series())[at[row["bucket"]]] += row[
+                "n"
+            ]
+        attempts = Attempt.objects.filter(finished_at__gte=origin, finished_at__lt=end).order_by()
+        for row in attempts.values(
+            "status", bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN)
+        ).annotate(n=Count("pk"), cost=Sum("cost_usd")):
+            add_calls(at[row["bucket"]], row["status"], row["n"], row["cost"])
+        for row in (
+            attempts.filter(status=Attempt.Status.SUCCEEDED, latency_ms__isnull=False)
+            .values(
+                worker=F("step__worker_slug"), bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN)
+            )
+            .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
+        ):
+            w = latency.setdefault(
+                row["worker"], {"p50": [None] * len(buckets), "p95": [None] * len(buckets)}
+            )
+            w["p50"][at[row["bucket"]]] = row["p50"]
+            w["p95"][at[row["bucket"]]] = row["p95"]
+    else:
+        rows = (
+            OpsRollup.objects.filter(slot__gte=origin, slot__lt=end)
+            .order_by()
+            .annotate(bucket=DateBin(stride, F("slot"), rollups.SLOT_ORIGIN))
+        )
+        for row in rows.filter(series="run").values("bucket", "run_kind").annotate(n=Sum("n")):
+            group = KIND_GROUPS.get(row["run_kind"], row["run_kind"])
+            runs.setdefault(group, series())[at[row["bucket"]]] += row["n"]
+        for row in (
+            rows.filter(series="call").values("bucket", "status").annotate(n=Sum("n"), cost=Sum("cost_usd"))
+        ):
+            add_calls(at[row["bucket"]], row["status"], row["n"], row["cost"])
+        for row in (
+            rows.filter(series="call", latency_bucket__gt=0)
+            .values("bucket", "worker_slug", "latency_bucket")
+            .annotate(n=Sum("n"))
+        ):
+            cells = histograms.setdefault(row["worker_slug"], {}).setdefault(at[row["bucket"]], {})
+            cells[row["latency_bucket"]] = cells.get(row["latency_bucket"], 0) + row["n"]
+        for worker, cells in histograms.items():
+            w = latency.setdefault(worker, {"p50": [None] * len(buckets), "p95": [None] * len(buckets)})
+            for index, counts in cells.items():
+                w["p50"][index] = rollups.quantile(counts, 0.5)
+                w["p95"][index] = rollups.quantile(counts, 0.95)
     error_rate = {
         kind: [e / c if c else None for e, c in zip(n, calls, strict=True)] for kind, n in errors.items()
     }
-
-    latency: dict[str, dict[str, list[float | None]]] = {}
-    for row in (
-        attempts.filter(status=Attempt.Status.SUCCEEDED, latency_ms__isnull=False)
-        .values(worker=F("step__worker_slug"), bucket=DateBin(stride, F("finished_at"), origin))
-        .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
-    ):
-        w = latency.setdefault(row["worker"], {"p50": [None] * len(buckets), "p95": [None] * len(buckets)})
-        w["p50"][at[row["bucket"]]] = row["p50"]
-        w["p95"][at[row["bucket"]]] = row["p95"]
     return {
         "period": period,
         "bucket_s": int(stride.total_seconds()),

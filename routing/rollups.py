@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from .models import CONDUCTOR_SLUG, RunRollup, TaskExposure, UsageRollup
+from .models import CONDUCTOR_SLUG, OpsRollup, RunRollup, TaskExposure, UsageRollup
 
 FINISHED = "r.status IN ('succeeded', 'failed')"
 ONE_RUN = "r.id = %(run)s"
@@ -102,10 +102,58 @@ ON CONFLICT (hour, run_kind, conductor, classification, domain, final_worker, st
 """
 
 
+# Latency histogram buckets (ms, lower bounds) of OpsRollup: bucket i holds [BOUNDS[i-1], BOUNDS[i]).
+LATENCY_BOUNDS_MS = (0, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 120_000)
+SLOT = timedelta(minutes=30)
+SLOT_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
+
+_OPS = """
+INSERT INTO routing_opsrollup (slot, series, run_kind, worker_slug, status, latency_bucket, n, cost_usd)
+SELECT slot, series, run_kind, worker_slug, status, latency_bucket, count(*), sum(cost_usd)
+FROM (
+    SELECT date_bin(%(slot)s, r.finished_at, %(origin)s) AS slot, 'run' AS series, r.kind AS run_kind,
+           '' AS worker_slug, r.status, 0 AS latency_bucket, 0::numeric AS cost_usd
+    FROM routing_run r WHERE {runs} AND r.finished_at IS NOT NULL
+    UNION ALL
+    SELECT date_bin(%(slot)s, a.finished_at, %(origin)s), 'call', r.kind, s.worker_slug, a.status,
+           CASE WHEN a.status = 'succeeded' AND a.latency_ms IS NOT NULL
+                THEN width_bucket(a.latency_ms, %(bounds)s::int[]) ELSE 0 END,
+           a.cost_usd
+    FROM routing_run r JOIN routing_step s ON s.run_id = r.id JOIN routing_attempt a ON a.step_id = s.id
+    WHERE {runs} AND a.finished_at IS NOT NULL
+) calls
+GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
+ON CONFLICT (slot, series, run_kind, worker_slug, status, latency_bucket) DO UPDATE
+    SET n = routing_opsrollup.n + EXCLUDED.n, cost_usd = routing_opsrollup.cost_usd + EXCLUDED.cost_usd
+"""
+
+
 def _add(runs: str, params: dict[str, Any]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(_CALLS.format(runs=runs), params)
         cursor.execute(_RUNS.format(runs=runs), {**params, "conductor_slug": CONDUCTOR_SLUG})
+        cursor.execute(
+            _OPS.format(runs=runs),
+            {**params, "slot": SLOT, "origin": SLOT_ORIGIN, "bounds": list(LATENCY_BOUNDS_MS)},
+        )
+
+
+def quantile(counts: dict[int, int], q: float) -> float | None:
+    """The q-quantile of a latency histogram ({bucket: calls}), interpolated within its bucket (as
+    Prometheus's histogram_quantile does); the last bucket is taken as twice its lower bound wide."""
+    total = sum(counts.values())
+    if not total:
+        return None
+    rank = q * total
+    seen = 0
+    for bucket in sorted(counts):
+        n = counts[bucket]
+        if seen + n >= rank and n:
+            low = LATENCY_BOUNDS_MS[bucket - 1]
+            high = LATENCY_BOUNDS_MS[bucket] if bucket < len(LATENCY_BOUNDS_MS) else 2 * low
+            return low + (high - low) * (rank - seen) / n
+        seen += n
+    return float(LATENCY_BOUNDS_MS[-1])
 
 
 def add_run(run_id: int) -> None:
@@ -121,11 +169,11 @@ def on_run_finished(sender: Any, run: Any, **_: Any) -> None:
 def rebuild() -> dict[str, int]:
     """Recount every rollup from the rows of the finished runs. Runs ending meanwhile wait on the
     tables' lock and are added after, once."""
-    tables = [m._meta.db_table for m in (UsageRollup, RunRollup, TaskExposure)]
+    tables = [m._meta.db_table for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup)]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(tables)}")
         _add(FINISHED, {})
-    return {m.__name__: m.objects.count() for m in (UsageRollup, RunRollup, TaskExposure)}
+    return {m.__name__: m.objects.count() for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup)}
 
 
 def hour_floor(moment: datetime) -> datetime:

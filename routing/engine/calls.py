@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from audit import policies
@@ -107,9 +107,12 @@ def call_worker(run: Run, step: Step) -> None:
         message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
         step_failed(run, step, message, note=f"policy {verdict.rule}")
         raise RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
-    counted = step.attempts.exclude(status=Attempt.Status.LOST)
-    made = counted.count()
-    number = (step.attempts.order_by("-number").values_list("number", flat=True).first() or 0) + 1
+    # Attempts made so far (a lost one was never answered: it does not count against the retries).
+    earlier = step.attempts.aggregate(
+        made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
+    )
+    made = earlier["made"]
+    number = (earlier["last"] or 0) + 1
     while True:
         check_cost_budget(run, step)
         claim_current(run)
@@ -189,9 +192,16 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
         attempt.provider_request_id = completion.request_id[:200]
         attempt.finished_at = now
         attempt.save()
-        totals = step.attempts.aggregate(
-            cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
-        )
+        if attempt.number == 1:  # the step's only attempt: its totals are this call's
+            totals = {
+                "cost": cost,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens,
+            }
+        else:  # earlier ones may have cost something (a lost call's estimate)
+            totals = step.attempts.aggregate(
+                cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
+            )
         Step.objects.filter(pk=step.pk).update(
             status=StepStatus.SUCCEEDED,
             response=completion.text,
