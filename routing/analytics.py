@@ -31,23 +31,21 @@ class Filters:
     classification: str = ""
     conductor: str = ""
 
-    def _narrow(self, qs: QuerySet[Any], hour_from: datetime, hour_to: datetime) -> QuerySet[Any]:
-        qs = qs.filter(hour__gte=hour_from, hour__lt=hour_to, run_kind__in=OPERATIONAL_KINDS)
+    def _narrow(self, qs: QuerySet[Any], *, days: bool = True) -> QuerySet[Any]:
+        qs = rollups.window(qs, self.since, self.until, days=days).filter(run_kind__in=OPERATIONAL_KINDS)
         if self.classification:
             qs = qs.filter(classification=self.classification)
         if self.conductor:
             qs = qs.filter(conductor=self.conductor)
         return qs
 
-    def usage(self) -> QuerySet[UsageRollup]:
-        """Worker steps, by the hour they started."""
-        start, stop = rollups.hours(self.since, self.until)
-        return self._narrow(UsageRollup.objects.filter(source=UsageRollup.Source.STEP), start, stop)
+    def usage(self, *, days: bool = True) -> QuerySet[UsageRollup]:
+        """Worker steps, by the hour (or day) they started."""
+        return self._narrow(UsageRollup.objects.filter(source=UsageRollup.Source.STEP), days=days)
 
     def runs(self) -> QuerySet[RunRollup]:
-        """Runs, by the hour they were created."""
-        start, stop = rollups.hours(self.since, self.until)
-        return self._narrow(RunRollup.objects.all(), start, stop)
+        """Runs, by the hour (or day) they were created."""
+        return self._narrow(RunRollup.objects.all())
 
 
 def default_filters(*, days: int = 7) -> Filters:
@@ -62,9 +60,10 @@ def _bucket(f: Filters):
 def cost_over_time(f: Filters, *, by: str) -> list[dict[str, Any]]:
     """Cost and steps per time bucket, by worker, vendor or conductor version."""
     field = {"worker": "worker_slug", "vendor": "vendor", "conductor": "conductor"}[by]
+    trunc = _bucket(f)
     rows = (
-        f.usage()
-        .annotate(bucket=_bucket(f)("hour"))
+        f.usage(days=trunc is TruncDay)
+        .annotate(bucket=trunc("start"))
         .order_by()
         .values("bucket", field)
         .annotate(cost=Sum("cost_usd"), steps=Sum("calls"))

@@ -29,13 +29,9 @@ from .plans import visible_indices
 def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
     """Which vendors received data of which classification: steps that reached a vendor (any call made),
     and answers sent to an LLM judge for grading (with the task and its reference). Finished runs come
-    from the rollups (whole hours: routing.rollups.hours), runs in flight from their rows; `tasks`
+    from the rollups (whole hours, whole days read from daily rows: routing.rollups.window), runs in flight from their rows; `tasks`
     counts each task once per vendor, in the period its content first reached that vendor."""
-    qs = UsageRollup.objects.exclude(vendor="")
-    if since:
-        qs = qs.filter(hour__gte=rollups.hour_floor(since))
-    if until:
-        qs = qs.filter(hour__lt=rollups.hour_ceil(until))
+    qs = rollups.window(UsageRollup.objects.exclude(vendor=""), since, until)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
 
     def row(vendor: str, classification: str) -> dict[str, Any]:

@@ -445,9 +445,16 @@ class Attempt(models.Model):
 ROLLUP_USD = {"max_digits": 28, "decimal_places": 10}  # sums of many USD amounts
 
 
+class Grain(models.TextChoices):
+    """A rollup row sums an hour, or a whole UTC day (long windows read days, and hours at their ends)."""
+
+    HOUR = "hour", "Hour"
+    DAY = "day", "Day"
+
+
 class UsageRollup(models.Model):
-    """Calls that reached a worker or an LLM judge, summed per hour of the call and per everything the
-    aggregate pages filter or group by. Written in the transaction that ends each run; equal to a
+    """Calls that reached a worker or an LLM judge, summed per hour (and per day) of the call and per
+    everything the aggregate pages filter or group by. Written in the transaction that ends each run; equal to a
     recount from the rows (`manage.py rebuild_rollups`). Kept when retention deletes the rows: counts,
     tokens and money, no content."""
 
@@ -455,7 +462,8 @@ class UsageRollup(models.Model):
         STEP = "step", "Worker step"
         JUDGE = "judge", "LLM judge"
 
-    hour = models.DateTimeField()
+    grain = models.CharField(max_length=4, choices=Grain.choices)
+    start = models.DateTimeField(help_text="The start of the hour or day (UTC)")
     source = models.CharField(max_length=5, choices=Source.choices)
     run_kind = models.CharField(max_length=12)
     conductor = models.CharField(max_length=80)
@@ -475,7 +483,8 @@ class UsageRollup(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=[
-                    "hour",
+                    "grain",
+                    "start",
                     "source",
                     "run_kind",
                     "conductor",
@@ -489,14 +498,15 @@ class UsageRollup(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.source} calls to {self.worker_slug or self.vendor} in the hour of {self.hour:%Y-%m-%d %H:00}"
+        return f"{self.source} calls to {self.worker_slug or self.vendor} in the {self.grain} of {self.start:%Y-%m-%d %H:00}"
 
 
 class RunRollup(models.Model):
-    """Finished runs summed per hour of their creation, version, kind, task class and domain, the
+    """Finished runs summed per hour (and per day) of their creation, version, kind, task class and domain, the
     worker that gave the final answer, and status (routing.rollups)."""
 
-    hour = models.DateTimeField()
+    grain = models.CharField(max_length=4, choices=Grain.choices)
+    start = models.DateTimeField(help_text="The start of the hour or day (UTC)")
     run_kind = models.CharField(max_length=12)
     conductor = models.CharField(max_length=80)
     classification = models.CharField(max_length=20)
@@ -513,7 +523,8 @@ class RunRollup(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=[
-                    "hour",
+                    "grain",
+                    "start",
                     "run_kind",
                     "conductor",
                     "classification",
@@ -526,7 +537,7 @@ class RunRollup(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.status} {self.run_kind} runs of {self.conductor} in the hour of {self.hour:%Y-%m-%d %H:00}"
+        return f"{self.status} {self.run_kind} runs of {self.conductor} in the {self.grain} of {self.start:%Y-%m-%d %H:00}"
 
 
 class TaskExposure(models.Model):

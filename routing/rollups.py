@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q, QuerySet
 
-from .models import CONDUCTOR_SLUG, OpsRollup, RunRollup, TaskExposure, UsageRollup
+from .models import CONDUCTOR_SLUG, Grain, OpsRollup, RunRollup, TaskExposure, UsageRollup
 
 FINISHED = "r.status IN ('succeeded', 'failed')"
 ONE_RUN = "r.id = %(run)s"
@@ -59,14 +60,15 @@ WITH runs AS (
             last_at = GREATEST(routing_taskexposure.last_at, EXCLUDED.last_at)
     RETURNING task_id, vendor, (xmax = 0) AS inserted
 )
-INSERT INTO routing_usagerollup (hour, source, run_kind, conductor, worker_slug, vendor, classification, domain,
-                                 calls, new_tasks, input_tokens, output_tokens, cost_usd)
-SELECT date_trunc('hour', f.at, 'UTC'), f.source, f.kind, f.conductor, f.worker_slug, f.vendor,
+INSERT INTO routing_usagerollup (grain, start, source, run_kind, conductor, worker_slug, vendor, classification,
+                                 domain, calls, new_tasks, input_tokens, output_tokens, cost_usd)
+SELECT g.grain, date_trunc(g.grain, f.at, 'UTC'), f.source, f.kind, f.conductor, f.worker_slug, f.vendor,
        f.classification, f.domain, count(*), count(*) FILTER (WHERE f.first_call AND p.inserted),
        sum(f.input_tokens), sum(f.output_tokens), sum(f.cost_usd)
 FROM firsts f LEFT JOIN pairs p ON p.task_id = f.task_id AND p.vendor = f.vendor
-GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
-ON CONFLICT (hour, source, run_kind, conductor, worker_slug, vendor, classification, domain) DO UPDATE
+CROSS JOIN (VALUES ('hour'), ('day')) g (grain)
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8, 9
+ON CONFLICT (grain, start, source, run_kind, conductor, worker_slug, vendor, classification, domain) DO UPDATE
     SET calls = routing_usagerollup.calls + EXCLUDED.calls,
         new_tasks = routing_usagerollup.new_tasks + EXCLUDED.new_tasks,
         input_tokens = routing_usagerollup.input_tokens + EXCLUDED.input_tokens,
@@ -77,9 +79,9 @@ ON CONFLICT (hour, source, run_kind, conductor, worker_slug, vendor, classificat
 # The worker that gave the final answer: as routing.selectors.final_worker says (the last step to
 # succeed that is not the conductor's own).
 _RUNS = """
-INSERT INTO routing_runrollup (hour, run_kind, conductor, classification, domain, final_worker, status,
+INSERT INTO routing_runrollup (grain, start, run_kind, conductor, classification, domain, final_worker, status,
                                runs, cost_usd, scored, score_sum, scored_cost_usd)
-SELECT date_trunc('hour', r.created_at, 'UTC'), r.kind, cv.name, t.classification, t.domain,
+SELECT g.grain, date_trunc(g.grain, r.created_at, 'UTC'), r.kind, cv.name, t.classification, t.domain,
        coalesce(fw.worker_slug, ''), r.status, count(*), sum(r.cost_usd),
        count(*) FILTER (WHERE r.score IS NOT NULL), coalesce(sum(r.score), 0),
        coalesce(sum(r.cost_usd) FILTER (WHERE r.score IS NOT NULL), 0)
@@ -91,9 +93,10 @@ LEFT JOIN LATERAL (
     WHERE s.run_id = r.id AND s.status = 'succeeded' AND s.worker_slug <> %(conductor_slug)s
     ORDER BY s.finished_at DESC, s.id DESC LIMIT 1
 ) fw ON true
+CROSS JOIN (VALUES ('hour'), ('day')) g (grain)
 WHERE {runs}
-GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7
-ON CONFLICT (hour, run_kind, conductor, classification, domain, final_worker, status) DO UPDATE
+GROUP BY 1, 2, 3, 4, 5, 6, 7, 8 ORDER BY 1, 2, 3, 4, 5, 6, 7, 8
+ON CONFLICT (grain, start, run_kind, conductor, classification, domain, final_worker, status) DO UPDATE
     SET runs = routing_runrollup.runs + EXCLUDED.runs,
         cost_usd = routing_runrollup.cost_usd + EXCLUDED.cost_usd,
         scored = routing_runrollup.scored + EXCLUDED.scored,
@@ -190,3 +193,42 @@ def hour_ceil(moment: datetime) -> datetime:
 def hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     """A window as whole hours: from the hour `since` falls in to the end of the hour `until` falls in."""
     return hour_floor(since), hour_ceil(until)
+
+
+def window(
+    qs: QuerySet[Any], since: datetime | None, until: datetime | None, *, days: bool = True
+) -> QuerySet[Any]:
+    """The rows of a rollup (UsageRollup, RunRollup) that sum [since, until) in whole hours: whole UTC
+    days from the daily rows and the hours at either end from the hourly ones, so that a long window
+    reads few rows; only hourly rows with days=False (a chart by the hour). None: unbounded."""
+    start = hour_floor(since) if since else None
+    stop = hour_ceil(until) if until else None
+    hourly = Q(grain=Grain.HOUR)
+    if not days:
+        return qs.filter(
+            hourly, *([Q(start__gte=start)] if start else []), *([Q(start__lt=stop)] if stop else [])
+        )
+    first_day = _day_ceil(start) if start else None  # the first whole day inside the window
+    end_day = _day_floor(stop) if stop else None  # the end of the last whole day
+    if first_day and end_day and first_day >= end_day:  # no whole day inside: hours only
+        return qs.filter(hourly, start__gte=start, start__lt=stop)
+    daily = Q(grain=Grain.DAY)
+    if first_day:
+        daily &= Q(start__gte=first_day)
+    if end_day:
+        daily &= Q(start__lt=end_day)
+    edges = Q(pk__in=[])
+    if start:
+        edges |= hourly & Q(start__gte=start, start__lt=first_day)
+    if stop:
+        edges |= hourly & Q(start__gte=end_day, start__lt=stop)
+    return qs.filter(daily | edges)
+
+
+def _day_floor(moment: datetime) -> datetime:
+    return moment.replace(hour=0)  # an hour_floor'd UTC moment
+
+
+def _day_ceil(moment: datetime) -> datetime:
+    day = _day_floor(moment)
+    return day if day == moment else day + timedelta(days=1)

@@ -14,6 +14,7 @@ from audit.actions import Action
 from audit.models import AuditEvent
 from routing import compliance, engine, replay, rollups
 from routing.models import (
+    Grain,
     Run,
     RunRollup,
     RunStatus,
@@ -37,7 +38,8 @@ def _snapshot() -> dict[str, list[tuple]]:
             (
                 UsageRollup,
                 (
-                    "hour",
+                    "grain",
+                    "start",
                     "source",
                     "run_kind",
                     "conductor",
@@ -55,7 +57,8 @@ def _snapshot() -> dict[str, list[tuple]]:
             (
                 RunRollup,
                 (
-                    "hour",
+                    "grain",
+                    "start",
                     "run_kind",
                     "conductor",
                     "classification",
@@ -104,30 +107,56 @@ def test_rollups_kept_as_runs_finish_equal_a_recount_and_the_rows(history):
     assert _snapshot() == kept
     assert counts["RunRollup"] == RunRollup.objects.count()
 
-    # ... and the sums are the rows'.
+    # ... and each grain's sums are the rows'.
     started = Step.objects.exclude(status=StepStatus.PENDING).filter(started_at__isnull=False)
-    steps = UsageRollup.objects.filter(source=UsageRollup.Source.STEP).aggregate(
-        calls=Sum("calls"), cost=Sum("cost_usd"), tokens=Sum("input_tokens")
-    )
-    assert steps["calls"] == started.count() > 0
-    assert steps["cost"] == started.aggregate(c=Sum("cost_usd"))["c"]
-    assert steps["tokens"] == started.aggregate(t=Sum("input_tokens"))["t"]
-    runs = RunRollup.objects.aggregate(runs=Sum("runs"), cost=Sum("cost_usd"), scored=Sum("scored"))
-    assert runs["runs"] == Run.objects.count() == 6
-    assert runs["cost"] == Run.objects.aggregate(c=Sum("cost_usd"))["c"]
-    assert runs["scored"] == Run.objects.filter(score__isnull=False).count()
-
-    # The judge's call is a call to its vendor, with the cost the event recorded.
-    judge = UsageRollup.objects.get(source=UsageRollup.Source.JUDGE)
-    event = AuditEvent.objects.get(action=Action.SCORE_JUDGED)
-    assert (judge.vendor, judge.calls, judge.new_tasks) == ("acme", 1, 1)
-    assert judge.cost_usd == Decimal(str(event.payload["cost_usd"])) > 0
-
-    # One row per task and vendor, however many runs and steps reached it.
     pairs = {(s.run.task_id, s.vendor) for s in started.exclude(vendor="").select_related("run")}
     pairs.add((history["judged"].task_id, "acme"))
+    event = AuditEvent.objects.get(action=Action.SCORE_JUDGED)
+    for grain in Grain:
+        usage = UsageRollup.objects.filter(grain=grain)
+        steps = usage.filter(source=UsageRollup.Source.STEP).aggregate(
+            calls=Sum("calls"), cost=Sum("cost_usd"), tokens=Sum("input_tokens")
+        )
+        assert steps["calls"] == started.count() > 0
+        assert steps["cost"] == started.aggregate(c=Sum("cost_usd"))["c"]
+        assert steps["tokens"] == started.aggregate(t=Sum("input_tokens"))["t"]
+        runs = RunRollup.objects.filter(grain=grain).aggregate(
+            runs=Sum("runs"), cost=Sum("cost_usd"), scored=Sum("scored")
+        )
+        assert runs["runs"] == Run.objects.count() == 6
+        assert runs["cost"] == Run.objects.aggregate(c=Sum("cost_usd"))["c"]
+        assert runs["scored"] == Run.objects.filter(score__isnull=False).count()
+        # The judge's call is a call to its vendor, with the cost the event recorded.
+        judge = usage.get(source=UsageRollup.Source.JUDGE)
+        assert (judge.vendor, judge.calls, judge.new_tasks) == ("acme", 1, 1)
+        assert judge.cost_usd == Decimal(str(event.payload["cost_usd"])) > 0
+        # Each task counted once per vendor, however many runs and steps reached it.
+        assert usage.aggregate(n=Sum("new_tasks"))["n"] == len(pairs)
     assert set(TaskExposure.objects.values_list("task_id", "vendor")) == pairs
-    assert UsageRollup.objects.aggregate(n=Sum("new_tasks"))["n"] == len(pairs)
+
+
+def test_a_window_reads_whole_days_from_daily_rows_and_its_ends_from_hourly_ones(history):
+    """The same sums whichever rows a window reads; a window of days reads daily rows."""
+    now = dj_timezone.now()
+    for since, until in (
+        (None, None),
+        (now - timedelta(days=3, hours=5), now + timedelta(hours=2)),
+        (now - timedelta(hours=2), now + timedelta(minutes=1)),
+        (None, now + timedelta(days=2)),
+        (now - timedelta(days=9), None),
+    ):
+        rows = rollups.window(UsageRollup.objects.all(), since, until)
+        hourly = rollups.window(UsageRollup.objects.all(), since, until, days=False)
+        assert rows.aggregate(n=Sum("calls"))["n"] == hourly.aggregate(n=Sum("calls"))["n"] > 0, (
+            since,
+            until,
+        )
+    long = rollups.window(
+        UsageRollup.objects.all(), now - timedelta(days=3, hours=5), now + timedelta(days=1)
+    )
+    assert long.filter(grain=Grain.DAY).exists()
+    # A window that ended before it all: nothing, by either grain.
+    assert not rollups.window(UsageRollup.objects.all(), None, now - timedelta(days=1)).exists()
 
 
 def test_a_task_sent_twice_to_a_vendor_counts_once_and_a_run_in_flight_counts_from_its_rows(history):
