@@ -30,8 +30,10 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlencode
 
 from bench.docs import write_section
 from conductor_web.embedded import django_setup
@@ -43,6 +45,7 @@ django_setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command, get_commands  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
+from django.db.migrations.recorder import MigrationRecorder  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.urls import NoReverseMatch, reverse  # noqa: E402
 from django.utils import timezone  # noqa: E402
@@ -61,7 +64,16 @@ ID_BASE = 1_000_000_000  # the real rows' ids start above it; synthetic ones cou
 KEY_PREFIX = "bench-scale:"
 USERNAME = "bench-scale"
 SLOW_MS = 250
-CHUNK_TASKS = 100_000  # synthetic tasks per batch of INSERTs (one transaction each)
+CHUNK_TASKS = 50_000  # synthetic tasks per batch of INSERTs (one transaction each)
+BUILD_THREADS = 2
+# --lean: cloned steps and plans keep their shape but not their bodies (the messages sent, the answer,
+# the conductor's prompt and output cut to 64 characters), so that 10M steps fit a laptop's disk:
+# about 6 GB a million steps instead of 7. The real sample keeps everything.
+LEAN = {"on": False}
+LEAN_NOTE = (
+    " With --lean the cloned steps and plans carry no message bodies (64 characters of each): the rows"
+    " and indexes the pages read are as they would be; the database is smaller."
+)
 EXPORT_DAYS = 2  # the audit export's period: about STEPS_PER_DAY * 3.5 events a day
 TABLES = ("run", "decision", "step", "attempt")  # children of a task, cloned by template index
 
@@ -93,9 +105,10 @@ ENSEMBLE = {
                 {"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []},
                 {"worker": "claude-3-haiku-20240307", "instruction": "{task}", "access": []},
                 {"worker": "gemma-2-9b-it", "instruction": "{task}", "access": []},
+                {"worker": "gpt-3.5-turbo-0125", "instruction": "{task}", "access": []},
                 {
                     "worker": "claude-3-5-sonnet-20240620",
-                    "instruction": "Three solvers answered the problem below. Give the correct final "
+                    "instruction": "Four solvers answered the problem below. Give the correct final "
                     "answer.\n\n{task}",
                     "access": "all",
                 },
@@ -107,9 +120,10 @@ ENSEMBLE = {
             "steps": [
                 {"worker": "gpt-4o-2024-08-06", "instruction": "{task}", "access": []},
                 {"worker": "gemini-1.5-pro", "instruction": "{task}", "access": []},
+                {"worker": "qwen2-72b-instruct", "instruction": "{task}", "access": []},
                 {
                     "worker": "claude-3-5-sonnet-20240620",
-                    "instruction": "Two models predicted the output below. Give the correct output.\n\n{task}",
+                    "instruction": "Three models predicted the output below. Give the correct output.\n\n{task}",
                     "access": "all",
                 },
             ],
@@ -160,7 +174,7 @@ def build_sample(size: int) -> None:
         if i == size * 3 // 20:  # the first 15% under static-v1, the rest under the ensemble
             conductor_activate(version=ensemble, actor=actor)
             ConductorVersion.objects.filter(pk=base.pk).update(is_shadow=True)  # static-v1 shadows it
-        if i == size * 6 // 20:
+        if i == size * 9 // 40:
             ConductorVersion.objects.filter(pk=base.pk).update(is_shadow=False)
         classification = "confidential" if i % 20 == 19 else "internal" if i % 4 == 1 else "public"
         task, _ = task_submit(
@@ -175,7 +189,7 @@ def build_sample(size: int) -> None:
             source=Task.Source.API if i % 3 else Task.Source.WEB,
         )
         execute_all(task)
-        extra = {5: Run.Kind.ROLLOUT, 9: Run.Kind.EVALUATION, 13: Run.Kind.RETRY}.get(i % 16)
+        extra = {5: Run.Kind.ROLLOUT, 17: Run.Kind.EVALUATION, 29: Run.Kind.RETRY}.get(i % 32)
         if extra:
             version = ConductorVersion.objects.get(is_active=True)
             Run.objects.create(
@@ -232,7 +246,9 @@ def build_templates() -> dict:
         )
         sql(f"CREATE UNIQUE INDEX ON bench_scale_tpl_{name} (id)")
     # Events: which run's chain and correlation id they carry, which row they are about (by its index).
-    sql("ALTER TABLE bench_scale_tpl_event ADD COLUMN corr_j int, ADD COLUMN obj_kind text, ADD COLUMN obj_j int")
+    sql(
+        "ALTER TABLE bench_scale_tpl_event ADD COLUMN corr_j int, ADD COLUMN obj_kind text, ADD COLUMN obj_j int"
+    )
     sql(
         """UPDATE bench_scale_tpl_event e SET corr_j = r.j FROM audit_auditevent a, routing_run x,
            bench_scale_tpl_run r WHERE a.id = e.id AND x.correlation_id = a.correlation_id AND r.id = x.id"""
@@ -262,11 +278,13 @@ def build_templates() -> dict:
     )
     stats = {"tasks": one("SELECT count(*) FROM bench_scale_tpl_task")}
     for name in (*TABLES, "event"):
-        stats[name] = one(f"SELECT coalesce(sum(n), 0) FROM (SELECT DISTINCT t, n FROM bench_scale_tpl_{name}) d")  # noqa: S608
+        stats[name] = one(
+            f"SELECT coalesce(sum(n), 0) FROM (SELECT DISTINCT t, n FROM bench_scale_tpl_{name}) d"  # noqa: S608
+        )
     stats["event"] = one("SELECT sum(n) FROM bench_scale_tpl_event_task")
     stats["anchor"] = one("SELECT min(created_at) FROM bench_scale_tpl_task").isoformat()
     stats["done"] = 0
-    sql("CREATE TABLE bench_scale_tpl_meta (body jsonb)")
+    sql("CREATE TABLE bench_scale_tpl_meta (body text)")
     sql("INSERT INTO bench_scale_tpl_meta VALUES (%s)", [json.dumps(stats)])
     return stats
 
@@ -275,7 +293,7 @@ def meta() -> dict | None:
     if not one("SELECT to_regclass('bench_scale_tpl_meta') IS NOT NULL"):
         return None
     rows = sql("SELECT body FROM bench_scale_tpl_meta")
-    return rows[0][0] if rows else None
+    return json.loads(rows[0][0]) if rows else None
 
 
 def meta_save(stats: dict) -> None:
@@ -319,16 +337,15 @@ def corr(j: str) -> str:
 
 def shift(col: str) -> str:
     """A template time moved to the clone's: the task's created_at steps back STEPS_PER_DAY-wise."""
-    return (
-        f"{col} + ((%(anchor)s::timestamptz - tt.created_at) "
-        f"- make_interval(secs => ({G} + 1) * %(dt)s))"
-    )
+    return f"{col} + ((%(anchor)s::timestamptz - tt.created_at) - make_interval(secs => ({G} + 1) * %(dt)s))"
 
 
 def grow(stats: dict, target_steps: int) -> dict:
     """Add synthetic tasks (older history) until the step count reaches target_steps."""
     have = Step.objects.count()
     steps_per_task = stats["step"] / stats["tasks"]
+    if have >= target_steps * 0.99:  # grown already (the last task's steps overshoot or fall short a little)
+        return stats
     add = max(0, math.ceil((target_steps - have) / steps_per_task))
     params = {
         "S": stats["tasks"],
@@ -337,31 +354,92 @@ def grow(stats: dict, target_steps: int) -> dict:
         **{f"T_{name}": stats[name] for name in (*TABLES, "event")},
     }
     done = stats["done"]
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")  # no FK triggers: consistent by construction
-        cursor.execute("SET synchronous_commit = off")
-        cursor.execute("SET work_mem = '256MB'")
-    try:
-        while add > 0:
-            n = min(add, CHUNK_TASKS)
-            params.update(g_lo=done, g_hi=done + n - 1, c_lo=done // stats["tasks"], c_hi=(done + n - 1) // stats["tasks"])
-            started = time.perf_counter()
-            with transaction.atomic():
-                for statement in grow_statements():
-                    with connection.cursor() as cursor:
-                        cursor.execute(statement, params)
-            done += n
-            add -= n
-            stats["done"] = done
-            meta_save(stats)
-            print(
-                json.dumps({"grown_tasks": done, "chunk_s": round(time.perf_counter() - started, 1)}),
-                flush=True,
-            )
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SET session_replication_role = DEFAULT")
+    if add == 0:
+        return stats
+    # Fewer checkpoints during the bulk insert (the private server's own setting; reads are unaffected).
+    sql(f"ALTER SYSTEM SET max_wal_size = '{'4GB' if LEAN['on'] else '16GB'}'")
+    sql("SELECT pg_reload_conf()")
+    indexes_drop()
+    chunks = []
+    while add > 0:
+        n = min(add, CHUNK_TASKS)
+        chunks.append((done, done + n - 1))
+        done, add = done + n, add - n
+    # Two connections (the machine's two cores), each inserting whole chunks in a transaction.
+    with ThreadPoolExecutor(max_workers=BUILD_THREADS) as pool:
+        for result in pool.map(lambda chunk: grow_chunk(stats, params, *chunk), chunks):
+            print(json.dumps(result), flush=True)
+    stats["done"] = done
+    meta_save(stats)
+    indexes_restore()
     return stats
+
+
+GROWN = (
+    "routing_task",
+    "routing_run",
+    "routing_decision",
+    "routing_step",
+    "routing_attempt",
+    "audit_auditevent",
+)
+
+
+def indexes_drop() -> None:
+    """Drop the grown tables' plain indexes (none that backs a constraint) for the bulk insert: built
+    again afterwards in one pass each, which is far quicker than millions of random btree inserts.
+    Their definitions are kept in the database first, so that an interrupted run restores them."""
+    sql("CREATE TABLE IF NOT EXISTS bench_scale_tpl_indexes (name text PRIMARY KEY, definition text)")
+    sql(
+        """INSERT INTO bench_scale_tpl_indexes
+           SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i
+           JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+           WHERE t.relname = ANY(%s) AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)
+           ON CONFLICT (name) DO NOTHING""",
+        [list(GROWN)],
+    )
+    for (name,) in sql("SELECT name FROM bench_scale_tpl_indexes"):
+        sql(f'DROP INDEX IF EXISTS "{name}"')
+
+
+def indexes_restore() -> None:
+    if not one("SELECT to_regclass('bench_scale_tpl_indexes') IS NOT NULL"):
+        return
+    started = time.perf_counter()
+    sql("SET maintenance_work_mem = '2GB'")
+    sql("SET max_parallel_maintenance_workers = 2")
+    for name, definition in sql("SELECT name, definition FROM bench_scale_tpl_indexes ORDER BY name"):
+        if not one("SELECT to_regclass(%s) IS NOT NULL", [f'"{name}"']):
+            sql(definition)
+    sql("RESET maintenance_work_mem")
+    sql("RESET max_parallel_maintenance_workers")
+    sql("DROP TABLE bench_scale_tpl_indexes")
+    print(json.dumps({"indexes_rebuilt_s": round(time.perf_counter() - started, 1)}), flush=True)
+
+
+def grow_chunk(stats: dict, params: dict, g_lo: int, g_hi: int) -> dict:
+    params = {
+        **params,
+        "g_lo": g_lo,
+        "g_hi": g_hi,
+        "c_lo": g_lo // stats["tasks"],
+        "c_hi": g_hi // stats["tasks"],
+    }
+    started = time.perf_counter()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET session_replication_role = replica"
+            )  # no FK triggers: consistent by construction
+            cursor.execute("SET synchronous_commit = off")
+            cursor.execute("SET work_mem = '256MB'")
+        with transaction.atomic():
+            for statement in grow_statements():
+                with connection.cursor() as cursor:
+                    cursor.execute(statement, params)
+    finally:
+        connection.close()  # this thread's connection
+    return {"grown_tasks": g_hi + 1, "chunk_s": round(time.perf_counter() - started, 1)}
 
 
 def grow_statements() -> list[str]:
@@ -424,6 +502,7 @@ def grow_statements() -> list[str]:
             "run_id": new_id("r", "run"),
             "parent_step_id": f"CASE WHEN s.parent_step_id IS NULL THEN NULL ELSE {new_id('ps', 'step')} END",
             "created_at": shift("s.created_at"),
+            **({"prompt": "'[]'::jsonb", "raw_output": "left(s.raw_output, 64)"} if LEAN["on"] else {}),
         },
     )
     out.append(
@@ -442,6 +521,15 @@ def grow_statements() -> list[str]:
             "decision_id": new_id("d", "decision"),
             "started_at": shift("s.started_at"),
             "finished_at": shift("s.finished_at"),
+            **(
+                {
+                    "messages_sent": "NULL",
+                    "response": "left(s.response, 64)",
+                    "instruction": "left(s.instruction, 64)",
+                }
+                if LEAN["on"]
+                else {}
+            ),
         },
     )
     out.append(
@@ -545,7 +633,14 @@ def grow_statements() -> list[str]:
 
 def analyze() -> float:
     started = time.perf_counter()
-    for table in ("routing_task", "routing_run", "routing_decision", "routing_step", "routing_attempt", "audit_auditevent"):
+    for table in (
+        "routing_task",
+        "routing_run",
+        "routing_decision",
+        "routing_step",
+        "routing_attempt",
+        "audit_auditevent",
+    ):
         sql(f"ANALYZE {table}")
     return time.perf_counter() - started
 
@@ -601,7 +696,7 @@ def rss_kib() -> int:
 
 
 def measure_export(client: Client, fmt: str, since: str) -> dict:
-    url = f"/audit/export.{fmt}?since={since}"
+    url = f"/audit/export.{fmt}?" + urlencode({"since": since})
     before = rss_kib()
     peak = before
     started = time.perf_counter()
@@ -616,7 +711,7 @@ def measure_export(client: Client, fmt: str, since: str) -> dict:
             peak = max(peak, rss_kib())
     elapsed = time.perf_counter() - started
     peak = max(peak, rss_kib())
-    rows = max(0, lines - 2)  # header and checkpoint lines
+    rows = max(0, lines - 2)  # the first line and the checkpoint's
     return {
         "rows": rows,
         "seconds": round(elapsed, 2),
@@ -704,7 +799,11 @@ def measure_size(client: Client, steps: int, real_task: Task, real_run: Run) -> 
     rows.append(row)
     since = (timezone.now() - timedelta(days=EXPORT_DAYS)).isoformat(timespec="seconds")
     for fmt in ("csv", "jsonl"):
-        row = {"steps": steps, "path": f"audit export .{fmt} ({EXPORT_DAYS} days)", "url": f"/audit/export.{fmt}?since={since}"}
+        row = {
+            "steps": steps,
+            "path": f"audit export .{fmt} ({EXPORT_DAYS} days)",
+            "url": f"/audit/export.{fmt}?" + urlencode({"since": since}),
+        }
         row.update(measure_export(client, fmt, since))
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -719,22 +818,36 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--sample", type=int, default=160, help="replay tasks the real engine runs")
     parser.add_argument("--write", action="store_true", help="write the figures to docs/benchmarks.md")
+    parser.add_argument("--lean", action="store_true", help="cloned rows without their message bodies")
     args = parser.parse_args()
+    LEAN["on"] = args.lean
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
 
+    applied = MigrationRecorder(connection).applied_migrations().keys()
     call_command("migrate", verbosity=0)
+    migrated = set(MigrationRecorder(connection).applied_migrations().keys()) - set(applied)
+    indexes_restore()  # after an interrupted growth
     stats = meta()
+    if stats is not None and migrated:
+        stats.pop("rollups_at", None)  # new migrations may bring rollups of their own: rebuild them
     if stats is None:
         build_sample(args.sample)
         stats = build_templates()
-    print(json.dumps({"template": stats}), flush=True)
+    print(
+        json.dumps({"template": {k: v for k, v in stats.items() if k not in ("results", "builds")}}),
+        flush=True,
+    )
     real_run = (
-        Run.objects.filter(task__idempotency_key__startswith=KEY_PREFIX, kind=Run.Kind.LIVE, status="succeeded")
+        Run.objects.filter(
+            task__idempotency_key__startswith=KEY_PREFIX, kind=Run.Kind.LIVE, status="succeeded"
+        )
         .order_by("-id")
         .first()
     )
     real_run = max(
-        Run.objects.filter(task__idempotency_key__startswith=KEY_PREFIX, kind=Run.Kind.LIVE, status="succeeded"),
+        Run.objects.filter(
+            task__idempotency_key__startswith=KEY_PREFIX, kind=Run.Kind.LIVE, status="succeeded"
+        ),
         key=lambda r: (r.steps.count(), r.pk),
         default=real_run,
     )
@@ -742,11 +855,19 @@ def main() -> None:
     client = Client()
     client.force_login(bench_user(), backend="django.contrib.auth.backends.ModelBackend")
 
-    results, builds = [], []
+    # Figures of sizes measured by earlier runs on the same database are kept in its meta row.
+    results, builds = stats.get("results", []), stats.get("builds", [])
     for target in sorted(args.steps):
-        started = time.perf_counter()
+        have = Step.objects.count()
+        if have > target * 1.05:
+            print(json.dumps({"skipped": target, "steps_now": have, "why": "the database is larger"}))
+            continue
+        started, done = time.perf_counter(), stats["done"]
         stats = grow(stats, target)
         grow_s = time.perf_counter() - started
+        previous = next((b for b in builds if b["target"] == target), None)
+        if stats["done"] == done and previous:  # measured again without growing: keep the build's figures
+            grow_s = previous["grow_s"]
         analyze_s = analyze()
         build = {
             "steps": Step.objects.count(),
@@ -756,19 +877,31 @@ def main() -> None:
             "tasks": Task.objects.count(),
             "runs": Run.objects.count(),
             "events": one("SELECT reltuples::bigint FROM pg_class WHERE relname = 'audit_auditevent'"),
-            "days": round(one("SELECT extract(epoch FROM now() - min(created_at)) / 86400 FROM routing_task"), 1),
+            "days": round(
+                float(one("SELECT extract(epoch FROM now() - min(created_at)) / 86400 FROM routing_task")), 1
+            ),
             "db_gib": round(one("SELECT pg_database_size(current_database())") / 2**30, 2),
         }
-        if "rebuild_rollups" in get_commands():
+        if "rebuild_rollups" in get_commands() and stats.get("rollups_at") != build["steps"]:
             started = time.perf_counter()
             call_command("rebuild_rollups")
             build["rebuild_rollups_s"] = round(time.perf_counter() - started, 1)
+            stats["rollups_at"] = build["steps"]
+            meta_save(stats)
+        if previous and "rebuild_rollups_s" not in build and "rebuild_rollups_s" in previous:
+            build["rebuild_rollups_s"] = previous["rebuild_rollups_s"]
         print(json.dumps({"build": build}), flush=True)
-        builds.append(build)
-        results += measure_size(client, target, real_task, real_run)
+        builds = [b for b in builds if b["target"] != target] + [build]
+        stats["builds"] = builds
+        meta_save(stats)  # before measuring: a failed page keeps the build's figures
+        measured = measure_size(client, target, real_task, real_run)
+        results = [r for r in results if r["steps"] != target] + measured
+        stats.update(results=results, builds=builds)
+        meta_save(stats)
 
+    builds.sort(key=lambda b: b["target"])
     sizes = [b["target"] for b in builds]
-    names = list(dict.fromkeys(r["path"] for r in results))
+    names = list(dict.fromkeys(r["path"] for r in results if "rows" not in r))  # exports: a table apart
     p95 = {(r["path"], r["steps"]): r["p95_ms"] for r in results}
     header = "| path | " + " | ".join(f"{s:,} steps" for s in sizes) + " |"
     lines = [header, "|---|" + "---|" * len(sizes)]
@@ -776,7 +909,9 @@ def main() -> None:
         cells = []
         for s in sizes:
             value = p95.get((name, s))
-            cells.append("" if value is None else f"**{value:,.0f}** ⚠" if value >= SLOW_MS else f"{value:,.0f}")
+            cells.append(
+                "" if value is None else f"**{value:,.0f}** ⚠" if value >= SLOW_MS else f"{value:,.0f}"
+            )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)
@@ -798,20 +933,20 @@ def main() -> None:
             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
             f"Python {platform.python_version()}, {platform.system()} {platform.release()}"
         )
-        steps_arg = " ".join(str(s) for s in sizes)
+        steps_arg = " ".join(str(s) for s in sizes)  # the sizes shown (one run or several, growing)
         write_section(
             "scale",
             f"""## Read paths at scale
 
-Command: `CONDUCTOR_VAR_DIR=/tmp/var-scale CONDUCTOR_REPLAY_DIR=<replay data> python -m bench.scale --steps {steps_arg}`
+Command: `CONDUCTOR_VAR_DIR=/tmp/var-scale CONDUCTOR_REPLAY_DIR=<replay data> python -m bench.scale --steps {steps_arg}{" --lean" if args.lean else ""}`
 on {machine}; embedded PostgreSQL (its default settings) and Redis.
 
 History: {args.sample} replay tasks run by the real engine (two static conductor versions, shadow,
 rollout, evaluation and retry runs; their audit chains sealed and signed), cloned by SQL into older
-history at {STEPS_PER_DAY:,} steps a day ending now (about 4 steps a run, 3.5 audit events a step;
+history at {STEPS_PER_DAY:,} steps a day ending now (about 3.2 steps a run, 3.8 audit events a step;
 4% of tasks failed, 3% of calls with provider errors, 5% judged by an LLM judge). Each page is a full
 GET through django.test.Client as a user with every role; p95 of 20 requests after a warm-up (fewer
-for pages over 3 s), in ms; **bold ⚠**: p95 >= {SLOW_MS} ms. The task and dossier are of a real run.
+for pages over 3 s), in ms; **bold ⚠**: p95 >= {SLOW_MS} ms. The task and dossier are of a real run.{LEAN_NOTE if args.lean else ""}
 
 | size | steps | tasks | audit events | days | build s | analyze s | rebuild_rollups s | database GiB |
 |---|---|---|---|---|---|---|---|---|
