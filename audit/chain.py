@@ -112,11 +112,31 @@ def append(*, chain: str, **fields: Any) -> AuditEvent:
     seq = head.seq + 1
     content = content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields)
     event_hash = digest(head.hash, content)
-    event = AuditEvent.objects.create(
+    event = AuditEvent(
         chain=chain, seq=seq, prev_hash=head.hash, hash=event_hash, occurred_at=occurred_at, **fields
     )
-    ChainHead.objects.filter(chain=chain).update(seq=seq, hash=event_hash, updated_at=occurred_at)
+    _insert_advancing_head(event)
     return event
+
+
+def _insert_advancing_head(event: AuditEvent) -> None:
+    """INSERT the event and move its chain's head to it, in one statement (the head is locked)."""
+    fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH e AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
+            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id) "
+            f"UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s WHERE chain = %s "
+            "RETURNING (SELECT id FROM e)",
+            [*values, event.seq, event.hash, event.occurred_at, event.chain],
+        )
+        row = cursor.fetchone()
+    if row is None:  # the head was locked by this transaction: it cannot have gone
+        raise RuntimeError(f"audit chain {event.chain} has no head")
+    event.pk = row[0]
+    event._state.adding = False
 
 
 def seal(*, chain: str) -> ChainHead:
