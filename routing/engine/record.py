@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 from django import db as django_db
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -92,14 +92,18 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
 
 
 def fence(run: Run) -> None:
-    """Inside a write transaction: lock the run row and check that this process's claim is current."""
+    """Inside a write transaction: lock the run row and check that this process's claim is current.
+    One statement, which also beats the run's heartbeat (a write is a sign of life)."""
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
-    current = (
-        Run.objects.select_for_update(of=("self",)).filter(pk=run.pk).values_list("claim_epoch", flat=True)
-    )
-    epoch = current.first()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE routing_run SET heartbeat_at = %s WHERE id = %s RETURNING claim_epoch",
+            [timezone.now(), run.pk],
+        )
+        row = cursor.fetchone()
+    epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
 

@@ -99,8 +99,7 @@ def start_step(run: Run, step_id: int) -> Step | None:
         if not step.is_conductor:
             step.messages_sent = build_messages(step, visible)
         step.save(update_fields=["status", "started_at", "messages_sent"])
-        Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
-        record_event(
+        record_event(  # its fence beats the run's heartbeat
             run,
             Action.STEP_STARTED,
             step,

@@ -15,11 +15,12 @@ from tests.routing.test_engine import submit
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # A plan by the LLM conductor and three steps, each seeing the one before (so one is ready at a
-# time), each answered at the first call. 119 statements: 3 at the end add the run to the rollups the
+# time), each answered at the first call. 116 statements: 3 at the end add the run to the rollups the
 # aggregate pages read. 143 before the audit head was locked in one statement (not an upsert, then a
 # lock); 132 before a step's earlier attempts were counted in one query and a first attempt's totals
-# taken as the step's; 129 before an audit event was inserted and its head moved in one statement.
-STATEMENTS = 119
+# taken as the step's; 129 before an audit event was inserted and its head moved in one statement;
+# 119 before the fence (which locks the run) also beat its heartbeat, in one UPDATE ... RETURNING.
+STATEMENTS = 116
 TRANSACTIONS = 12
 
 
