@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('routing', '0007_run_claim_epoch_lost_cost'),
-        ("audit", "0007_policy_events_index"),  # the backfill reads judge events
+        ("audit", "0001_initial"),  # the backfill reads judge events (audit_auditevent)
     ]
 
     operations = [
