@@ -67,12 +67,17 @@ SLOW_MS = 250
 CHUNK_TASKS = 50_000  # synthetic tasks per batch of INSERTs (one transaction each)
 BUILD_THREADS = 2
 # --lean: cloned steps and plans keep their shape but not their bodies (the messages sent, the answer,
-# the conductor's prompt and output cut to 64 characters), so that 10M steps fit a laptop's disk:
-# about 6 GB a million steps instead of 7. The real sample keeps everything.
+# the conductor's prompt and output cut to 64 characters), so that 10M steps fit a laptop's disk.
+# The real sample keeps everything.
 LEAN = {"on": False}
+# ... and their events without the content hashes no page reads (each event keeps its own hash).
+LEAN_KEYS = (
+    "ARRAY['sees_step_hashes', 'messages_sha256', 'response_sha256', 'final_answer_sha256', 'sees_steps']"
+)
 LEAN_NOTE = (
-    " With --lean the cloned steps and plans carry no message bodies (64 characters of each): the rows"
-    " and indexes the pages read are as they would be; the database is smaller."
+    " With --lean the cloned steps and plans carry no message bodies (64 characters of each) and their"
+    " events no content hashes of what they saw: the rows and indexes the pages read are as they would"
+    " be; the database is smaller (10M steps would take about 70 GB at full shape)."
 )
 EXPORT_DAYS = 2  # the audit export's period: about STEPS_PER_DAY * 3.5 events a day
 TABLES = ("run", "decision", "step", "attempt")  # children of a task, cloned by template index
@@ -596,7 +601,7 @@ def grow_statements() -> list[str]:
                     THEN jsonb_set(s.payload, '{{chain}}', to_jsonb('run:' || {corr("o_run.j")}::text))
                 WHEN {run_fails} THEN jsonb_build_object('stop_reason', 'step_failed',
                     'error', 'a step''s calls failed', 'cost_usd', s.payload->'cost_usd')
-                ELSE s.payload END""",
+                ELSE {"s.payload - " + LEAN_KEYS if LEAN["on"] else "s.payload"} END""",
         },
     )
     out.append(
