@@ -22,6 +22,7 @@ from training.services import (
     rollout_batch_refresh,
     rollouts_start,
 )
+from training.services import datasets as datasets_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -153,7 +154,7 @@ def test_a_dataset_whose_groups_all_earned_alike_says_it_teaches_nothing(
 
 
 def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_refused(
-    replay_pool, settings, tmp_path
+    replay_pool, settings, tmp_path, monkeypatch
 ):
     settings.VAR_DIR = tmp_path
     batch = rollouts_start(version=conductor_active(), items=[ITEM], k=2, temperature=0.7, actor=ACTOR)
@@ -163,6 +164,14 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
     assert not Dataset.objects.exists()
     built = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
     assert built.counts["groups"] == 1
+    # Written a group at a time (the build streams in batches): the same files, the same hash.
+    monkeypatch.setattr(datasets_service, "BATCH", 1)
+    again = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
+    assert again.version == 2 and again.content_hash == built.content_hash
+    loaded = datasets.load_dataset(
+        "parquet", data_files={"train": str(dataset_files(again)["train.parquet"])}
+    )
+    assert loaded["train"].num_rows == built.counts["train"]
 
 
 def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):
