@@ -93,6 +93,7 @@ def policy_report(request: HttpRequest) -> HttpResponse:
         {
             "rules": selectors.policy_rules(),
             "events": selectors.policy_events(since=since, until=until),
+            "shown": selectors.POLICY_EVENTS_SHOWN,
             "filters": request.GET,
         },
     )

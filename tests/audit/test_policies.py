@@ -192,7 +192,9 @@ def test_a_rule_created_between_planning_and_the_call_stops_the_step_before_the_
     ).exists()
 
 
-def test_the_policy_report_lists_blocks_and_rule_changes_through_its_partial_index(live_pool):
+def test_the_policy_report_lists_blocks_and_rule_changes_through_its_partial_index(
+    live_pool, client, make_user
+):
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("gamma", "Finish", [])))])
     PolicyRule.objects.create(name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"])
@@ -200,11 +202,17 @@ def test_the_policy_report_lists_blocks_and_rule_changes_through_its_partial_ind
     assert run.status == RunStatus.FAILED and run.stop_reason == "policy_blocked"
 
     listed = selectors.policy_events(since=None, until=None)
-    actions = [e.action for e in listed]
+    actions = [e["action"] for e in listed]
     assert {"plan.blocked", "run.failed"} <= set(actions), actions
-    assert [e.pk for e in listed] == sorted((e.pk for e in listed), reverse=True)  # newest first
+    assert [e["id"] for e in listed] == sorted((e["id"] for e in listed), reverse=True)  # newest first
+    blocked = next(e for e in listed if e["action"] == "plan.blocked")
+    assert blocked["blocked_by"] == "no-globex" and blocked["task_id"] == run.task_id
+    client.force_login(make_user("ada", "auditor"))
+    page = client.get("/audit/policies/").content.decode()
+    assert f'href="/audit/tasks/{run.task_id}/"' in page and "<td>no-globex</td>" in page
+    assert "choose a period for older ones" not in page  # fewer than the page shows
     unrelated = AuditEvent.objects.filter(correlation_id=run.correlation_id).exclude(
-        pk__in=[e.pk for e in listed]
+        pk__in=[e["id"] for e in listed]
     )
     assert unrelated.filter(action="run.started").exists()  # the run's other events are not policy events
 
