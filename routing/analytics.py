@@ -22,7 +22,7 @@ OPERATIONAL_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW)
 
 @dataclass(frozen=True)
 class Filters:
-    """The page's window (whole hours, the rollups' grain: routing.rollups.hours) and filters, over
+    """The page's window (whole hours and days, the rollups' grain: routing.rollups.window) and filters, over
     finished runs of live work and the shadow runs beside it; rollouts (sampled at a temperature) and
     evaluation runs have pages of their own under /training/."""
 

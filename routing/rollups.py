@@ -190,11 +190,6 @@ def hour_ceil(moment: datetime) -> datetime:
     return start if start == moment else start + timedelta(hours=1)
 
 
-def hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
-    """A window as whole hours: from the hour `since` falls in to the end of the hour `until` falls in."""
-    return hour_floor(since), hour_ceil(until)
-
-
 def window(
     qs: QuerySet[Any], since: datetime | None, until: datetime | None, *, days: bool = True
 ) -> QuerySet[Any]:

@@ -209,7 +209,10 @@ def test_windows_are_whole_utc_hours():
     india = timezone(timedelta(hours=5, minutes=30))
     since = datetime(2026, 5, 1, 10, 10, tzinfo=india)  # 04:40 UTC
     until = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-    assert rollups.hours(since, until) == (datetime(2026, 5, 1, 4, tzinfo=UTC), until)
+    assert (rollups.hour_floor(since), rollups.hour_ceil(until)) == (
+        datetime(2026, 5, 1, 4, tzinfo=UTC),
+        until,
+    )
     assert rollups.hour_ceil(datetime(2026, 5, 1, 12, 0, 1, tzinfo=UTC)) == datetime(
         2026, 5, 1, 13, tzinfo=UTC
     )
