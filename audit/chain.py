@@ -96,47 +96,86 @@ def _lock_head(chain: str) -> ChainHead:
     return ChainHead.objects.select_for_update().get(chain=chain)
 
 
+# The last head this process wrote or read, per chain: a guess, checked by the statement that uses it.
+_HEADS: dict[str, tuple[int, str]] = {}
+_HEADS_KEPT = 4096
+
+
+def _remember(chain: str, seq: int, hash_: str) -> None:
+    if len(_HEADS) >= _HEADS_KEPT and chain not in _HEADS:
+        _HEADS.clear()  # a bound, not an LRU: a guess lost costs one locked read
+    _HEADS[chain] = (seq, hash_)
+
+
 def append(*, chain: str, **fields: Any) -> AuditEvent:
     """Append one event to a chain. The caller's transaction holds the chain head until it commits.
-    Its action must be one of audit.actions.Action (stored as the plain string)."""
+    Its action must be one of audit.actions.Action (stored as the plain string).
+
+    One statement when this process wrote the chain's last event (a run's chain: its engine): the event
+    is built on the head it remembers, and inserted only if the head is still that one, moved in the
+    same statement (which locks it). Anything else (a head another process moved, a rolled-back
+    append, a new chain) takes the head's lock first and builds on what it reads.
+    """
     try:
         fields["action"] = str(Action(fields["action"]))
     except ValueError:
         raise ValueError(
             f"unknown audit action {fields['action']!r}: declare it in audit.actions.Action"
         ) from None
+    known = _HEADS.get(chain)
+    if known is not None:
+        event = _event(chain, known[0], known[1], fields)
+        if _insert_advancing_head(event, expect=known):
+            _remember(chain, event.seq, event.hash)
+            return event
     head = _lock_head(chain)
     if head.sealed:
         raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
-    occurred_at = timezone.now()
-    seq = head.seq + 1
-    content = content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields)
-    event_hash = digest(head.hash, content)
-    event = AuditEvent(
-        chain=chain, seq=seq, prev_hash=head.hash, hash=event_hash, occurred_at=occurred_at, **fields
-    )
-    _insert_advancing_head(event)
+    event = _event(chain, head.seq, head.hash, fields)
+    if not _insert_advancing_head(event):  # the head was locked by this transaction: it cannot have gone
+        raise RuntimeError(f"audit chain {chain} has no head")
+    _remember(chain, event.seq, event.hash)
     return event
 
 
-def _insert_advancing_head(event: AuditEvent) -> None:
-    """INSERT the event and move its chain's head to it, in one statement (the head is locked)."""
+def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:
+    occurred_at = timezone.now()
+    seq = head_seq + 1
+    content = content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields)
+    return AuditEvent(
+        chain=chain,
+        seq=seq,
+        prev_hash=head_hash,
+        hash=digest(head_hash, content),
+        occurred_at=occurred_at,
+        **fields,
+    )
+
+
+def _insert_advancing_head(event: AuditEvent, expect: tuple[int, str] | None = None) -> bool:
+    """Move the chain's head to the event and INSERT it, in one statement. With `expect`, only if the
+    head is still that (seq, hash) and not sealed; the UPDATE locks the head either way. Returns
+    whether the event was inserted."""
     fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
+    guard, guard_params = "", []
+    if expect is not None:
+        guard, guard_params = " AND seq = %s AND hash = %s AND NOT sealed", list(expect)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH e AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
-            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING id) "
-            f"UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s WHERE chain = %s "
-            "RETURNING (SELECT id FROM e)",
-            [*values, event.seq, event.hash, event.occurred_at, event.chain],
+            f"WITH h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s "  # noqa: S608 - names, not data
+            f"WHERE chain = %s{guard} RETURNING 1) "
+            f"INSERT INTO {AuditEvent._meta.db_table} ({columns}) "
+            f"SELECT {', '.join(['%s'] * len(fields))} FROM h RETURNING id",
+            [event.seq, event.hash, event.occurred_at, event.chain, *guard_params, *values],
         )
         row = cursor.fetchone()
-    if row is None:  # the head was locked by this transaction: it cannot have gone
-        raise RuntimeError(f"audit chain {event.chain} has no head")
+    if row is None:
+        return False
     event.pk = row[0]
     event._state.adding = False
+    return True
 
 
 def seal(*, chain: str) -> ChainHead:
@@ -144,5 +183,6 @@ def seal(*, chain: str) -> ChainHead:
     head = _lock_head(chain)
     # updated_at moves too: the next checkpoint signs the sealed head.
     ChainHead.objects.filter(chain=chain).update(sealed=True, updated_at=timezone.now())
+    _HEADS.pop(chain, None)
     head.sealed = True
     return head

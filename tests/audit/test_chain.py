@@ -142,6 +142,48 @@ def test_an_event_outside_the_transaction_of_its_change_is_refused(make_user):
     assert AuditEvent.objects.count() == count
 
 
+@pytest.mark.parametrize("stale_by", ["another writer", "a rolled-back append"])
+def test_an_append_on_a_head_this_process_no_longer_holds_builds_on_the_real_head(make_user, stale_by):
+    """A process appends in one statement on the head it remembers; when that head is not the chain's
+    any more (another process appended, or its own append rolled back), nothing is inserted on it and
+    the append takes the head's lock and builds on what it reads."""
+    ann = make_user("ann")
+    chain = "run:00000000-0000-0000-0000-00000000cafe"
+
+    def append_to_chain(i: int) -> AuditEvent:
+        return audit_chain.append(
+            chain=chain,
+            actor_type="user",
+            actor_id=str(ann.pk),
+            actor_name="ann",
+            action="audit.exported",
+            object_type="user",
+            object_id=str(ann.pk),
+            task_id=None,
+            correlation_id=None,
+            payload={"i": i},
+        )
+
+    with transaction.atomic():
+        append_to_chain(1)
+    remembered = audit_chain._HEADS[chain]
+    if stale_by == "another writer":
+        with transaction.atomic():
+            append_to_chain(2)
+        audit_chain._HEADS[chain] = remembered  # this process did not see event 2
+    else:
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            append_to_chain(2)
+            1 / 0  # noqa: B018 - the transaction of event 2 rolls back; the remembered head says 2
+        assert audit_chain._HEADS[chain][0] == 2
+    with transaction.atomic():
+        last = append_to_chain(3)
+    events = assert_chain_sound(chain)
+    assert [e.payload["i"] for e in events] == ([1, 2, 3] if stale_by == "another writer" else [1, 3])
+    assert last.seq == len(events) and audit_chain._HEADS[chain] == (last.seq, last.hash)
+    assert ChainHead.objects.get(chain=chain).seq == last.seq
+
+
 # --- append-only --------------------------------------------------------------------------------
 
 
