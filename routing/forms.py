@@ -17,6 +17,12 @@ class TaskSubmitForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}), required=False, label="Reference answer (optional)"
     )
     scorer = forms.ChoiceField(choices=[(s, s) for s in SCORER_CHOICES], initial="auto")
+    domain = forms.CharField(
+        required=False,
+        max_length=limits.DOMAIN_MAX_CHARS,
+        label="Kind",
+        help_text="Your label for this kind of task (e.g. invoices); the learned conductor routes by it",
+    )
     classification = forms.ChoiceField(choices=DataClass.choices, initial=DataClass.INTERNAL)
     max_steps = forms.IntegerField(
         validators=limits.MAX_STEPS_VALIDATORS,

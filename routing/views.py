@@ -86,7 +86,12 @@ def task_submit_view(request: HttpRequest) -> HttpResponse:
     index = int(chosen_key) if chosen_key.isdecimal() and len(chosen_key) <= 3 else -1
     chosen = samples[index] if 0 <= index < len(samples) else None
     initial = (
-        {"text": chosen.task, "reference": chosen.reference, "classification": DataClass.PUBLIC}
+        {
+            "text": chosen.task,
+            "reference": chosen.reference,
+            "domain": chosen.domain,
+            "classification": DataClass.PUBLIC,
+        }
         if chosen is not None
         else {}
     )

@@ -39,12 +39,12 @@ class LearnedConductor:
     def propose(self, request: PlanRequest) -> Proposal:
         started = time.monotonic()
         if request.is_inner:
-            plan = _learned_inner_plan(request)
+            plan = _learned_inner_plan(request, self.policy.scorer(request.domain))
             return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
         allowed = {slug.lower(): slug for slug in request.allowed_slugs}
-        x = self.policy.featurize(request.task_text, request.domain)
-        p = self.policy.probabilities(x)
-        order = sorted(range(len(p)), key=lambda i: -p[i])
+        # The task's kind is its domain label; one the policy never saw is planned from the text alone,
+        # and a kind it falls back on for puts that kind's fixed workflow first (Policy.ranked).
+        order, p = self.policy.ranked(request.task_text, request.domain)
         alternatives = [
             {"workflow": self.policy.actions[i].name, "p": round(float(p[i]), 4)} for i in order[:5]
         ]
@@ -54,6 +54,7 @@ class LearnedConductor:
         if fitting and temperature is not None and temperature > 0:
             import numpy as np
 
+            x = self.policy.featurize(request.task_text, request.domain)
             q = self.policy.probabilities(x, temperature)[fitting]
             rng = np.random.default_rng(getattr(request, "seed", None))
             chosen = self.policy.actions[fitting[int(rng.choice(len(fitting), p=q / q.sum()))]]
@@ -82,8 +83,9 @@ def _fits(workflow, request: PlanRequest, allowed: dict[str, str]) -> bool:
     )
 
 
-def _learned_inner_plan(request: PlanRequest) -> dict[str, Any]:
-    """The conductor step of a learned cascade or vote (see LearnedConductor)."""
+def _learned_inner_plan(request: PlanRequest, scorer: str | None) -> dict[str, Any]:
+    """The conductor step of a learned cascade or vote (see LearnedConductor); answers agree by the
+    kind's scorer (`scorer`, else the default for the domain)."""
 
     instructions = [
         st.get("instruction", "")
@@ -98,9 +100,11 @@ def _learned_inner_plan(request: PlanRequest) -> dict[str, Any]:
         return {"thought": "no instruction this conductor understands: pass through", "steps": []}
     if asked["kind"] == "tie":
         last = answers[-1] if answers else ""
-        if any(agree(last, earlier, request.domain) for earlier in asked["earlier"]):
+        if any(agree(last, earlier, request.domain, scorer) for earlier in asked["earlier"]):
             return {"thought": "the tie-breaker sides with an earlier answer: pass it through", "steps": []}
-    elif answers and all(agree(answers[0], other, request.domain) for other in answers[1:] or answers):
+    elif answers and all(
+        agree(answers[0], other, request.domain, scorer) for other in answers[1:] or answers
+    ):
         return passed
     judge = allowed.get(asked["judge"].lower())
     tie = allowed.get(asked.get("tie_breaker", "").lower()) if asked["kind"] == "vote" else None

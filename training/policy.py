@@ -38,16 +38,19 @@ from typing import Any
 
 import numpy as np
 
-from routing.scoring.scorers import DOMAIN_SCORERS, SCORERS
+from routing.scoring.scorers import SCORERS, scorer_name
 
+from .kinds import LEGACY_KINDS, agreement_scorer, kinds_of
 from .rewards import RewardConfig, reward_of
 
 FEATURES = 4096  # hashed words and word pairs (v1 and v2)
-CROSSED = 4096  # v2: the same tokens hashed again per domain (domain x word)
-DOMAINS = ["gsm8k", "math-l5", "cruxeval-o"]
+CROSSED = 4096  # v2: the same tokens hashed again per kind (kind x word)
 _WORD = re.compile(r"[a-z]+|\d+|[^\sa-z\d]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-POLICY_FORMAT = 2
+# 3: the task kinds (and their scorers) come from the training items and are saved with the weights,
+# with the per-kind fallback workflows and the accuracy/cost frontier the policy was chosen from.
+# Formats 1 and 2 (no "kinds") were trained on the three benchmark labels of LEGACY_KINDS.
+POLICY_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -151,17 +154,19 @@ def _hash(token: str, size: int) -> int:
     return int(hashlib.blake2b(token.encode(), digest_size=4).hexdigest(), 16) % size
 
 
-def features_v1(text: str, domain: str) -> np.ndarray:
-    x = np.zeros(FEATURES + len(DOMAINS) + 4, dtype=np.float32)
+def features_v1(text: str, kind: str, kinds: list[str]) -> np.ndarray:
+    """Hashed words and word pairs, an indicator of the task's kind (none for a kind not in `kinds`:
+    the text-only path), and length buckets."""
+    x = np.zeros(FEATURES + len(kinds) + 4, dtype=np.float32)
     words = _WORD.findall(text.lower())
     for token in words + [f"{p} {q}" for p, q in zip(words, words[1:], strict=False)]:
         x[_hash(token, FEATURES)] = 1.0
     norm = math.sqrt(max(float(x[:FEATURES].sum()), 1.0))
     x[:FEATURES] /= norm
-    if domain in DOMAINS:
-        x[FEATURES + DOMAINS.index(domain)] = 1.0
+    if kind in kinds:
+        x[FEATURES + kinds.index(kind)] = 1.0
     length = len(text)
-    x[FEATURES + len(DOMAINS) :] = [length < 200, 200 <= length < 500, 500 <= length < 1000, length >= 1000]
+    x[FEATURES + len(kinds) :] = [length < 200, 200 <= length < 500, 500 <= length < 1000, length >= 1000]
     return x
 
 
@@ -170,7 +175,10 @@ _COUNTS = (2, 4, 7, 12)  # numbers in the text
 _MAGNITUDES = (10, 100, 1000, 100000)  # the largest number
 _LINES = (3, 8, 15, 25)  # lines (code)
 _BUCKETS = len(_LENGTHS) + len(_COUNTS) + len(_MAGNITUDES) + len(_LINES) + 4
-_DENSE = 1 + (len(DOMAINS) + 1) * (1 + _BUCKETS)  # bias; per domain (and "other"): indicator + buckets
+
+
+def _dense(kinds: list[str]) -> int:
+    return 1 + (len(kinds) + 1) * (1 + _BUCKETS)  # bias; per kind (and "other"): indicator + buckets
 
 
 def _bucket(value: float, edges: tuple[float, ...]) -> np.ndarray:
@@ -179,16 +187,17 @@ def _bucket(value: float, edges: tuple[float, ...]) -> np.ndarray:
     return out
 
 
-def features_v2(text: str, domain: str) -> np.ndarray:
-    """v1's hashed words and word pairs, the same again crossed with the domain, and per-domain buckets
+def features_v2(text: str, kind: str, kinds: list[str]) -> np.ndarray:
+    """v1's hashed words and word pairs, the same again crossed with the kind, and per-kind buckets
     of length, count and magnitude of numbers, and lines."""
-    x = np.zeros(FEATURES + CROSSED + _DENSE, dtype=np.float32)
+    x = np.zeros(FEATURES + CROSSED + _dense(kinds), dtype=np.float32)
     lower = text.lower()
     words = _WORD.findall(lower)
     tokens = set(words + [f"{p} {q}" for p, q in zip(words, words[1:], strict=False)])
+    crossed = kind if kind in kinds else ""
     for token in tokens:
         x[_hash(token, FEATURES)] = 1.0
-        x[FEATURES + _hash(f"{domain}|{token}", CROSSED)] = 1.0
+        x[FEATURES + _hash(f"{crossed}|{token}", CROSSED)] = 1.0
     for start, size in ((0, FEATURES), (FEATURES, CROSSED)):
         block = x[start : start + size]
         block /= math.sqrt(max(float(block.sum()), 1.0))
@@ -202,7 +211,7 @@ def features_v2(text: str, domain: str) -> np.ndarray:
             _bucket(text.count("\n") + 1, _LINES),
         ]
     )
-    slot = DOMAINS.index(domain) if domain in DOMAINS else len(DOMAINS)
+    slot = kinds.index(kind) if kind in kinds else len(kinds)
     base = FEATURES + CROSSED
     x[base] = 1.0  # bias
     start = base + 1 + slot * (1 + _BUCKETS)
@@ -211,12 +220,18 @@ def features_v2(text: str, domain: str) -> np.ndarray:
 
 
 FEATURE_SETS = {"v1": features_v1, "v2": features_v2}
-FEATURE_SIZES = {"v1": FEATURES + len(DOMAINS) + 4, "v2": FEATURES + CROSSED + _DENSE}
 DEFAULT_FEATURES = "v1"  # v2 did not beat v1 in 5-fold cross-validation on train
 
 
-def features(text: str, domain: str, feature_set: str = DEFAULT_FEATURES) -> np.ndarray:
-    return FEATURE_SETS[feature_set](text, domain)
+def feature_size(feature_set: str, kinds: list[str]) -> int:
+    return FEATURES + len(kinds) + 4 if feature_set == "v1" else FEATURES + CROSSED + _dense(kinds)
+
+
+FEATURE_SIZES = {name: feature_size(name, LEGACY_KINDS) for name in FEATURE_SETS}  # formats 1 and 2
+
+
+def features(text: str, kind: str, kinds: list[str], feature_set: str = DEFAULT_FEATURES) -> np.ndarray:
+    return FEATURE_SETS[feature_set](text, kind, kinds)
 
 
 # --- outcomes ----------------------------------------------------------------------------------
@@ -232,9 +247,9 @@ def answer_key(answer: str) -> str:
     return re.sub(r"\s+", "", str(answer)).strip().lower().rstrip(".")
 
 
-def agree(a: str, b: str, domain: str = "") -> bool:
-    """Do two extracted answers say the same thing? Keys match, or the domain's scorer accepts each
-    as the other's reference (non-empty answers only)."""
+def agree(a: str, b: str, domain: str = "", scorer: str | None = None) -> bool:
+    """Do two extracted answers say the same thing? Keys match, or the kind's scorer (`scorer`, else
+    the default for the label `domain`) accepts each as the other's reference (non-empty answers only)."""
 
     key = answer_key(a)
     if not key:
@@ -243,28 +258,33 @@ def agree(a: str, b: str, domain: str = "") -> bool:
         return True
     if not answer_key(b) or len(a) > 2000 or len(b) > 2000:
         return False
-    scorer = SCORERS[DOMAIN_SCORERS.get(domain, "exact")]
+    compare = SCORERS[agreement_scorer(scorer or scorer_name("auto", domain))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return scorer(str(a), str(b)) == 1.0 and scorer(str(b), str(a)) == 1.0
+            return compare(str(a), str(b)) == 1.0 and compare(str(b), str(a)) == 1.0
         except Exception:  # noqa: BLE001 - a scorer choking on odd text means "no agreement"
             return False
 
 
-def simulate(workflow: Workflow, outcomes: dict[str, dict[str, Any]], domain: str = "") -> Outcome:
-    """What a workflow would have scored and cost on one recorded item (as the engine runs it)."""
+def simulate(
+    workflow: Workflow, outcomes: dict[str, dict[str, Any]], domain: str = "", scorer: str | None = None
+) -> Outcome:
+    """What a workflow would have scored and cost on one recorded item (as the engine runs it);
+    answers agree by `scorer` (else the default for `domain`)."""
     if workflow.kind == "single":
         o = outcomes[workflow.workers[0]]
         return Outcome(float(o["score"]), float(o["cost_usd"]))
     a, b = outcomes[workflow.workers[0]], outcomes[workflow.workers[1]]
     cost = float(a["cost_usd"]) + float(b["cost_usd"])
-    if agree(a["answer"], b["answer"], domain):
+    if agree(a["answer"], b["answer"], domain, scorer):
         return Outcome(float(b["score"]), cost)  # the last response passes through
     if workflow.kind == "vote":
         tie = outcomes[workflow.workers[2]]
         cost += float(tie["cost_usd"])
-        if agree(tie["answer"], a["answer"], domain) or agree(tie["answer"], b["answer"], domain):
+        if agree(tie["answer"], a["answer"], domain, scorer) or agree(
+            tie["answer"], b["answer"], domain, scorer
+        ):
             return Outcome(float(tie["score"]), cost)
     judge = outcomes[workflow.workers[-1]]
     return Outcome(float(judge["score"]), cost + float(judge["cost_usd"]))
@@ -311,18 +331,48 @@ def default_actions(models: list[str]) -> list[Workflow]:
 
 @dataclass
 class Policy:
+    """Weights over the features of (text, kind), one column per workflow.
+
+    `kinds` (with their scorers) are the task labels of the training items; a task of any other kind
+    is planned from its text alone. `fallback` names, per kind, the fixed workflow planned instead of
+    the learned choice where cross-validation on the training items found the learned one no better
+    (training.frontier). `cost_penalty_per_usd` is the operating point it was trained for and
+    `frontier` the accuracy/cost curve that point was picked from."""
+
     actions: list[Workflow]
     weights: np.ndarray = field(repr=False)
     feature_set: str = DEFAULT_FEATURES
+    kinds: list[str] = field(default_factory=list)
+    scorers: dict[str, str] = field(default_factory=dict)
+    fallback: dict[str, int] = field(default_factory=dict)
+    cost_penalty_per_usd: float | None = None
+    frontier: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def new(cls, actions: list[Workflow], feature_set: str = DEFAULT_FEATURES) -> Policy:
-        return cls(
-            actions, np.zeros((FEATURE_SIZES[feature_set], len(actions)), dtype=np.float32), feature_set
-        )
+    def new(
+        cls, actions: list[Workflow], feature_set: str = DEFAULT_FEATURES, kinds: dict[str, str] | None = None
+    ) -> Policy:
+        """An untrained policy; `kinds`: kind -> scorer (training.kinds.kinds_of), none: text only."""
+        known = dict(kinds or {})
+        size = feature_size(feature_set, list(known))
+        return cls(actions, np.zeros((size, len(actions)), dtype=np.float32), feature_set, list(known), known)
+
+    @classmethod
+    def for_items(
+        cls, actions: list[Workflow], items: list[Any], feature_set: str = DEFAULT_FEATURES, **kinds: Any
+    ) -> Policy:
+        """An untrained policy that knows the kinds of `items` (kinds_of's `min_items` may be passed)."""
+        return cls.new(actions, feature_set, kinds_of(items, **kinds))
+
+    def kind(self, domain: str) -> str:
+        """The kind the policy plans a task as: its label if trained on it, else "" (text only)."""
+        return domain if domain and domain in self.kinds else ""
+
+    def scorer(self, domain: str) -> str | None:
+        return self.scorers.get(domain)
 
     def featurize(self, text: str, domain: str) -> np.ndarray:
-        return features(text, domain, self.feature_set)
+        return features(text, self.kind(domain), self.kinds, self.feature_set)
 
     def probabilities(self, x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         nz = np.flatnonzero(x)
@@ -331,18 +381,32 @@ class Policy:
         p = np.exp(logits)
         return p / p.sum()
 
-    def choose(self, text: str, domain: str) -> tuple[Workflow, list[dict[str, Any]]]:
-        """The most probable workflow, and the alternatives with their probabilities (the "why")."""
+    def ranked(self, text: str, domain: str) -> tuple[list[int], np.ndarray]:
+        """The workflows' indices, most probable first (the kind's fallback first, where it has one),
+        and the learned probabilities."""
         p = self.probabilities(self.featurize(text, domain))
-        order = np.argsort(-p, kind="stable")
+        order = [int(i) for i in np.argsort(-p, kind="stable")]
+        fixed = self.fallback.get(self.kind(domain))
+        if fixed is not None:
+            order.remove(fixed)
+            order.insert(0, fixed)
+        return order, p
+
+    def choose(self, text: str, domain: str) -> tuple[Workflow, list[dict[str, Any]]]:
+        """The workflow planned, and the alternatives with their probabilities (the "why")."""
+        order, p = self.ranked(text, domain)
         alternatives = [{"workflow": self.actions[i].name, "p": round(float(p[i]), 4)} for i in order[:5]]
-        return self.actions[int(order[0])], alternatives
+        return self.actions[order[0]], alternatives
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "format": POLICY_FORMAT,
                 "features": self.feature_set,
+                "kinds": [[k, self.scorers.get(k, "")] for k in self.kinds],
+                "fallback": self.fallback,
+                "cost_penalty_per_usd": self.cost_penalty_per_usd,
+                "frontier": self.frontier,
                 "actions": [[a.kind, list(a.workers)] for a in self.actions],
                 "weights": self.weights.round(5).tolist(),
             }
@@ -350,15 +414,31 @@ class Policy:
 
     @classmethod
     def from_json(cls, data: str) -> Policy:
-        """Reads this format and format 1 (no "format" key: v1 features)."""
+        """Reads this format, format 2 and format 1 (no "format" key: v1 features); those two were
+        trained on LEGACY_KINDS."""
         raw = json.loads(data)
         feature_set = raw.get("features", "v1")
         if feature_set not in FEATURE_SETS:
             raise ValueError(f"unknown feature set {feature_set!r} in policy")
+        pairs = raw["kinds"] if "kinds" in raw else [[k, ""] for k in LEGACY_KINDS]
+        kinds = [str(k) for k, _ in pairs]
+        actions = [Workflow(k, tuple(w)) for k, w in raw["actions"]]
+        weights = np.asarray(raw["weights"], dtype=np.float32)
+        if weights.shape != (feature_size(feature_set, kinds), len(actions)):
+            raise ValueError(f"policy weights of shape {weights.shape} do not fit its features and workflows")
+        fallback = {str(k): int(i) for k, i in (raw.get("fallback") or {}).items()}
+        if any(not 0 <= i < len(actions) for i in fallback.values()):
+            raise ValueError("a fallback names a workflow the policy does not have")
+        penalty = raw.get("cost_penalty_per_usd")
         return cls(
-            [Workflow(k, tuple(w)) for k, w in raw["actions"]],
-            np.asarray(raw["weights"], dtype=np.float32),
+            actions,
+            weights,
             feature_set,
+            kinds,
+            {str(k): str(s) for k, s in pairs if s},
+            fallback,
+            None if penalty is None else float(penalty),
+            raw.get("frontier") or {},
         )
 
 
@@ -369,6 +449,9 @@ class GRPOConfig:
     learning_rate: float = 3.0
     cost_penalty_per_usd: float = 20.0  # reward = correct - penalty * cost of the item in USD
     seed: int = 0
+    # How often an item is shown without its kind, so that the text-only path (the kinds the policy
+    # never saw) learns from every item too.
+    text_only_rate: float = 0.2
 
 
 def reward(outcome: Outcome, config: GRPOConfig) -> float:
@@ -377,35 +460,69 @@ def reward(outcome: Outcome, config: GRPOConfig) -> float:
     return reward_of(parsed=True, correct=outcome.correct, cost_usd=outcome.cost_usd, config=weights).reward
 
 
+@dataclass(frozen=True)
+class Table:
+    """What every workflow scored (`correct`) and cost in USD (`cost`) on every item: items x workflows."""
+
+    correct: np.ndarray
+    cost: np.ndarray
+
+    def rewards(self, cost_penalty_per_usd: float) -> np.ndarray:
+        """reward() for every cell (the same formula, at once)."""
+        return np.round(self.correct - cost_penalty_per_usd * self.cost, 8)
+
+    def rows(self, index: Any) -> Table:
+        return Table(self.correct[index], self.cost[index])
+
+
+def outcome_table(actions: list[Workflow], items: list[Any], scorers: dict[str, str] | None = None) -> Table:
+    """simulate() of every workflow on every item (answers agree by each kind's scorer)."""
+    scorers = scorers or {}
+    cells = [
+        [simulate(a, item.outcomes, item.domain, scorers.get(item.domain)) for a in actions] for item in items
+    ]
+    return Table(
+        np.array([[c.correct for c in row] for row in cells], dtype=np.float64).reshape(len(items), -1),
+        np.array([[c.cost_usd for c in row] for row in cells], dtype=np.float64).reshape(len(items), -1),
+    )
+
+
+def _sparse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nz = np.flatnonzero(x)
+    return nz, x[nz]
+
+
 def train(
     policy: Policy,
     items: list[Any],
     config: GRPOConfig,
     on_epoch: Callable[[int, float], None] | None = None,
+    table: Table | None = None,
 ) -> list[float]:
     """GRPO over recorded items (each with .task, .domain, .outcomes). Returns the mean reward per epoch;
-    `on_epoch(epoch, mean_reward)` is called after each (a training job's progress; it may raise to stop)."""
+    `on_epoch(epoch, mean_reward)` is called after each (a training job's progress; it may raise to stop).
+    `table`: outcome_table(policy.actions, items, policy.scorers), when the caller has it already."""
     rng = np.random.default_rng(config.seed)
-    xs = []
-    for item in items:
-        x = policy.featurize(item.task, item.domain)
-        nz = np.flatnonzero(x)
-        xs.append((nz, x[nz]))
-    table = [
-        [reward(simulate(a, item.outcomes, item.domain), config) for a in policy.actions] for item in items
+    with_kind = [_sparse(policy.featurize(item.task, item.domain)) for item in items]
+    text_only = [
+        _sparse(features(item.task, "", policy.kinds, policy.feature_set)) if policy.kind(item.domain) else xs
+        for item, xs in zip(items, with_kind, strict=True)
     ]
+    table = table or outcome_table(policy.actions, items, policy.scorers)
+    rewards_of = table.rewards(config.cost_penalty_per_usd)
     history = []
     for _ in range(config.epochs):
         order = rng.permutation(len(items))
+        hide = rng.random(len(items)) < config.text_only_rate
         total = 0.0
         for index in order:
-            nz, values = xs[index]
+            nz, values = text_only[index] if hide[index] else with_kind[index]
             logits = values @ policy.weights[nz]
             logits -= logits.max()
             p = np.exp(logits)
             p /= p.sum()
             group = rng.choice(len(policy.actions), size=config.group_size, p=p)
-            rewards = np.array([table[index][a] for a in group], dtype=np.float32)
+            rewards = rewards_of[index, group].astype(np.float32)
             total += float(rewards.mean())
             # Group-relative advantage without dividing by the group's std (as in Dr. GRPO): on items every
             # worker gets right, the std is tiny and dividing by it would blow pennies of cost up into
@@ -420,4 +537,5 @@ def train(
         history.append(total / len(items))
         if on_epoch is not None:
             on_epoch(len(history), history[-1])
+    policy.cost_penalty_per_usd = config.cost_penalty_per_usd
     return history

@@ -24,9 +24,10 @@ from routing.models import ConductorVersion
 from routing.secrets import redact
 
 from .engine_reward import EngineReward
+from .frontier import COST_PENALTIES, gate_policy, sweep
 from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
-from .policy import GRPOConfig, Policy, default_actions, simulate, train
+from .policy import GRPOConfig, Policy, default_actions, outcome_table, train
 from .services import dataset_files, replay_items
 from .services.common import SERVICE
 
@@ -164,15 +165,23 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     if not items:
         raise ValueError("no recorded items to train on")
     o = job.options
-    policy = Policy.new(default_actions(sorted(items[0].outcomes)))
-    _log(job, f"{len(items)} items, {len(policy.actions)} workflows, {o['epochs']} epochs")
+    actions = default_actions(sorted(items[0].outcomes))
+    policy = Policy.for_items(actions, items)
+    kinds = ", ".join(f"{k} ({policy.scorers[k]})" for k in policy.kinds) or "none: text only"
+    _log(job, f"{len(items)} items, {len(policy.actions)} workflows, {o['epochs']} epochs; kinds: {kinds}")
+    config = GRPOConfig(
+        group_size=o["group_size"],
+        epochs=o["epochs"],
+        learning_rate=o["learning_rate"],
+        cost_penalty_per_usd=o["cost_penalty_per_usd"],
+    )
+    table = outcome_table(actions, items, policy.scorers)
 
     def on_epoch(epoch: int, mean_reward: float) -> None:
-        outcomes = [
-            simulate(policy.choose(item.task, item.domain)[0], item.outcomes, item.domain) for item in items
-        ]
-        accuracy = sum(x.correct for x in outcomes) / len(outcomes)
-        usd_per_1000 = sum(x.cost_usd for x in outcomes) / len(outcomes) * 1000
+        chosen = [actions.index(policy.choose(item.task, item.domain)[0]) for item in items]
+        rows = range(len(items))
+        accuracy = float(table.correct[rows, chosen].mean())
+        usd_per_1000 = float(table.cost[rows, chosen].mean()) * 1000
         _progress(
             job,
             epoch,
@@ -180,23 +189,44 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
             {"reward": mean_reward, "accuracy": accuracy, "usd_per_1000": usd_per_1000},
         )
 
-    curve = train(
-        policy,
-        items,
-        GRPOConfig(
-            group_size=o["group_size"],
-            epochs=o["epochs"],
-            learning_rate=o["learning_rate"],
-            cost_penalty_per_usd=o["cost_penalty_per_usd"],
-        ),
-        on_epoch=on_epoch,
+    curve = train(policy, items, config, on_epoch=on_epoch, table=table)
+    folds = o["folds"]
+    penalties = (
+        sorted({*COST_PENALTIES, config.cost_penalty_per_usd})
+        if o["frontier"]
+        else [config.cost_penalty_per_usd]
     )
+    _log(job, f"cross-validating: {len(penalties)} cost penalties x {folds} folds")
+
+    def on_fold(done: int, total: int) -> None:
+        if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            raise Cancelled
+
+    fit = sweep(
+        actions,
+        items,
+        lambda: Policy.for_items(actions, items),
+        config,
+        penalties=penalties,
+        folds=folds,
+        on_fold=on_fold,
+    )
+    gate_policy(policy, items, fit)
+    fallback = {k: actions[i].name for k, i in policy.fallback.items()}
+    _log(job, f"frontier (cross-validated): {fit.summary()['points']}; falls back to {fallback or 'nothing'}")
     first, last = curve[0], curve[-1]
     path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(policy.to_json())
-    config = {"policy_path": str(path), "items": len(items), **{k: o[k] for k in ("epochs", "learning_rate")}}
-    return path, config, f"GRPO on {len(items)} recorded items; mean reward {first:.3f} -> {last:.3f}"
+    config_out = {
+        "policy_path": str(path),
+        "items": len(items),
+        **{k: o[k] for k in ("epochs", "learning_rate", "cost_penalty_per_usd")},
+        "kinds": policy.kinds,
+        "fallback": fallback,
+        "frontier": policy.frontier,
+    }
+    return path, config_out, f"GRPO on {len(items)} recorded items; mean reward {first:.3f} -> {last:.3f}"
 
 
 def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit import params
 from audit.models import Role
-from audit.roles import has_role, role_required
+from audit.roles import has_role, request_roles, role_required
 from audit.services import Actor
 from routing.errors import ServiceError
 from routing.models import ConductorVersion
@@ -143,6 +143,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "percent": round(job.progress * 100, 1),
             "artifacts": _artifact_files(job),
             "can_write": has_role(request, WRITERS),
+            # The learned policy's cross-validated accuracy/cost curve, against the fixed workflows.
+            "frontier": (job.candidate.config.get("frontier") or None) if job.candidate else None,
         },
     )
 
@@ -235,6 +237,11 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         if row.get("accuracy") is not None and row.get("usd_per_1000") is not None
     ]
     comparison = services.evaluation_comparison(evaluation)
+    can_promote = (
+        has_role(request, WRITERS)
+        and evaluation.status == JobStatus.SUCCEEDED
+        and not evaluation.candidate.is_active
+    )
     return render(
         request,
         "training/evaluation_detail.html",
@@ -247,9 +254,9 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
             "item_lists": [("Won", comparison.won, "won"), ("Lost", comparison.lost, "lost")],
             "item_limit": ITEMS_SHOWN,
             "resamples": f"{BOOTSTRAP_RESAMPLES:,}",
-            "can_promote": has_role(request, WRITERS)
-            and evaluation.status == JobStatus.SUCCEEDED
-            and not evaluation.candidate.is_active,
+            "can_promote": can_promote,
+            "gate": services.promotion_gate(evaluation, comparison) if can_promote else None,
+            "may_override": Role.ADMIN in request_roles(request),
         },
     )
 
@@ -419,7 +426,7 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
     """Promote a version; from an evaluation's page, only once its deltas were confirmed (they go
     into the audit event)."""
     version = get_object_or_404(ConductorVersion, pk=version_id)
-    evidence = None
+    evaluation = None
     back = redirect("training:home")
     evaluation_id = params.integer(request.POST, "evaluation", default=None, minimum=1, maximum=2**63 - 1)
     if evaluation_id is not None:
@@ -428,9 +435,16 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
         if request.POST.get("confirm") != "yes":
             messages.error(request, "Not promoted: confirm the deltas first.")
             return back
-        evidence = {"evaluation": evaluation.pk, **services.evaluation_comparison(evaluation).evidence()}
     try:
-        services.conductor_promote(version=version, actor=_actor(request), evidence=evidence)
+        services.conductor_promote(
+            version=version,
+            actor=_actor(request),
+            evaluation=evaluation,
+            override_reason=request.POST.get("override_reason", "")
+            if request.POST.get("override") == "yes"
+            else "",
+            may_override=Role.ADMIN in request_roles(request),
+        )
     except ServiceError as exc:
         messages.error(request, f"Not promoted: {exc}")
     else:

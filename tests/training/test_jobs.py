@@ -7,11 +7,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from django.urls import reverse
 
 from audit.models import AuditEvent
 from audit.services import Actor
 from routing.models import ConductorVersion
 from tests.conftest import wait_for
+from training.frontier import COST_PENALTIES
 from training.models import JobStatus, TrainingJob, TrainingMetric
 from training.services import TrainingError, job_cancel, job_start
 from training.tasks import train_job
@@ -30,7 +32,7 @@ def job_actions(job: TrainingJob) -> list[str]:
 
 @pytest.mark.integration
 def test_a_learned_job_runs_on_the_training_queue_and_registers_a_candidate(
-    replay_pool, celery_workers, settings, tmp_path
+    replay_pool, celery_workers, settings, tmp_path, page
 ):
     settings.VAR_DIR = tmp_path  # the worker process gets the same directory below
     celery_workers("trainer", queues=("training",), CONDUCTOR_VAR_DIR=str(tmp_path))
@@ -49,6 +51,13 @@ def test_a_learned_job_runs_on_the_training_queue_and_registers_a_candidate(
     assert candidate.name == "learned-job" and candidate.backend == ConductorVersion.Backend.LEARNED
     assert not candidate.is_active  # a candidate plans nothing until promoted
     assert (tmp_path / job.artifact_path).is_file() and Path(candidate.config["policy_path"]).is_file()
+    # The cross-validated frontier it was chosen from, every penalty of the grid and its own (20 per USD).
+    frontier = candidate.config["frontier"]
+    assert frontier["chosen"] == 20.0 and frontier["folds"] == 3 and frontier["items"] == 80
+    assert [p["cost_penalty_per_usd"] for p in frontier["points"]] == sorted({*COST_PENALTIES, 20.0})
+    assert any(p["on_frontier"] for p in frontier["points"])
+    shown = page.get(reverse("training:job", args=[job.pk])).content.decode()
+    assert 'id="frontier-chart"' in shown and shown.count('<td class="num">1000.0</td>') == 1
     assert job_actions(job) == ["training.job_started", "training.job_running", "training.job_succeeded"]
     assert AuditEvent.objects.filter(
         action="conductorversion.registered", object_id=str(candidate.pk)
@@ -85,7 +94,12 @@ def test_a_job_whose_worker_process_is_killed_starts_again_and_finishes(
     settings.VAR_DIR = tmp_path
     celery_workers("trainer", queues=("training",), CONDUCTOR_VAR_DIR=str(tmp_path))
     job = job_start(
-        name="killed-job", backend="learned", dataset=None, options={"limit": 300, "epochs": 150}, actor=ACTOR
+        name="killed-job",
+        backend="learned",
+        dataset=None,
+        # The frontier's sweep (13 penalties x 3 folds) would run twice here; the restart is what matters.
+        options={"limit": 300, "epochs": 150, "frontier": False},
+        actor=ACTOR,
     )
     wait_for(
         lambda: TrainingJob.objects.get(pk=job.pk).step >= 2, timeout=120, what="the job to make progress"

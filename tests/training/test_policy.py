@@ -16,6 +16,7 @@ from training.policy import (
     Workflow,
     agree,
     default_actions,
+    feature_size,
     parse_instruction,
     reward,
     simulate,
@@ -121,5 +122,5 @@ def test_a_policy_of_the_first_format_still_loads():
     policy = Policy.from_json(old)
     assert policy.feature_set == "v1" and policy.actions[1].workers == ("a", "b", "c")
     richer = Policy.new(policy.actions, "v2")
-    assert Policy.from_json(richer.to_json()).weights.shape == (FEATURE_SIZES["v2"], 2)
+    assert Policy.from_json(richer.to_json()).weights.shape == (feature_size("v2", []), 2)
     assert richer.choose("add 2 and 3", "gsm8k")[0] == policy.actions[0]

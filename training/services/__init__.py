@@ -41,7 +41,7 @@ from .jobs import (
     job_start,
 )
 from .rollouts import rollout_batch_counts, rollout_batch_refresh, rollouts_estimate, rollouts_start
-from .versions import conductor_promote, conductor_rollback, shadow_set
+from .versions import PromotionRefused, conductor_promote, conductor_rollback, promotion_gate, shadow_set
 
 __all__ = [
     "DATASET_FILES",
@@ -60,6 +60,8 @@ __all__ = [
     "TrainingError",
     "check_or_refuse",
     "conductor_promote",
+    "PromotionRefused",
+    "promotion_gate",
     "conductor_prompt",
     "conductor_rollback",
     "dataset_build",

@@ -240,6 +240,17 @@ class Comparison:
     def ties(self) -> int:
         return len(self.pairs) - len(self.won) - len(self.lost)
 
+    @property
+    def dominated(self) -> bool:
+        """The baseline dominates the candidate on these items: the candidate is not more accurate and
+        not cheaper, and worse on one of the two. On the point estimates (the means over the paired
+        items), not the intervals: a candidate that is merely not shown to be worse is not promoted
+        over a version that did as well for less, unless an admin overrides the gate."""
+        a, c = self.accuracy, self.usd_per_1000
+        if a is None or c is None:
+            return False
+        return a.delta <= 0 and c.delta >= 0 and (a.delta < 0 or c.delta > 0)
+
     def evidence(self) -> dict[str, Any]:
         """The figures a promotion states (and its audit event keeps)."""
 
@@ -255,6 +266,7 @@ class Comparison:
             "usd_per_1000": side(self.usd_per_1000),
             "won": len(self.won),
             "lost": len(self.lost),
+            "dominated": self.dominated,
         }
 
 

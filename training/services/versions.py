@@ -15,7 +15,31 @@ from routing.models import ConductorVersion
 from routing.secrets import redact
 from routing.services import conductor_activate
 
+from ..models import Evaluation
 from .common import TrainingError
+from .evaluations import Comparison, evaluation_comparison
+
+OVERRIDE_REASON_MAX_CHARS = 500
+
+
+class PromotionRefused(TrainingError):
+    """The promotion gate: the candidate is dominated by the baseline on its evaluation's items."""
+
+
+def promotion_gate(evaluation: Evaluation, comparison: Comparison | None = None) -> str | None:
+    """Why promoting `evaluation`'s candidate is refused (it is dominated by the baseline on the items
+    both have finished, on the point estimates), or None. `comparison`: evaluation_comparison's, if
+    the caller has it."""
+    comparison = comparison or evaluation_comparison(evaluation)
+    if not comparison.dominated:
+        return None
+    a, c = comparison.accuracy, comparison.usd_per_1000
+    assert a is not None and c is not None  # dominated says so
+    return (
+        f"{evaluation.candidate.name} is dominated by {evaluation.baseline.name} on the {len(comparison.pairs)} "
+        f"items both ran: accuracy {a.delta:+.3f}, cost {c.delta:+} USD per 1,000 tasks (not more accurate "
+        "and not cheaper)"
+    )
 
 
 def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
@@ -56,13 +80,39 @@ def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] 
 
 
 def conductor_promote(
-    *, version: ConductorVersion, actor: Actor, evidence: dict[str, Any] | None = None
+    *,
+    version: ConductorVersion,
+    actor: Actor,
+    evaluation: Evaluation | None = None,
+    override_reason: str = "",
+    may_override: bool = False,
 ) -> ConductorVersion:
     """Make `version` the conductor that plans the next tasks (loading its adapter first, if any).
-    `evidence`: the evaluation the promotion was decided on and the deltas it stated, kept in the
-    audit event."""
+
+    `evaluation`: the evaluation of `version` the promotion was decided on; its deltas go into the
+    audit event (`evidence`), and the promotion is refused (PromotionRefused, nothing written) when the
+    baseline dominates the candidate on its items, unless `override_reason` is given by an actor who
+    `may_override` (an admin): the override, its reason and the gate's finding are kept in the event."""
     if version.is_active:
         raise TrainingError(f"{version.name} is already the active conductor")
+    evidence = None
+    override_reason = override_reason.strip()
+    if evaluation is not None:
+        if evaluation.candidate_id != version.pk:
+            raise TrainingError(f"evaluation #{evaluation.pk} is not of {version.name}")
+        comparison = evaluation_comparison(evaluation)
+        evidence = {"evaluation": evaluation.pk, **comparison.evidence()}
+        refused = promotion_gate(evaluation, comparison)
+        if refused and not override_reason:
+            raise PromotionRefused(f"{refused}. An admin may override this, with a reason.")
+        if refused and not may_override:
+            raise PromotionRefused(f"{refused}. Only an admin may override the promotion gate.")
+        if len(override_reason) > OVERRIDE_REASON_MAX_CHARS:
+            raise TrainingError(f"the override's reason is over {OVERRIDE_REASON_MAX_CHARS} characters")
+        if refused:
+            evidence["override"] = {"gate": refused, "reason": override_reason, "by": actor.name}
+    elif override_reason:
+        raise TrainingError("an override needs the evaluation whose gate it overrides")
     loaded = _activation_load(version, actor)
     try:
         return _promote(version, actor, loaded, evidence)
