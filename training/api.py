@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from audit.models import Role
+from audit.roles import request_roles
 from audit.services import Actor
 from routing.models import ConductorVersion
 from routing.services import conductor_active
@@ -40,6 +41,7 @@ from .serializers import (
     MetricOutput,
     MetricsOutput,
     MetricsQuery,
+    PromoteInput,
     RolloutBatchDetailOutput,
     RolloutBatchOutput,
     RolloutsStartInput,
@@ -310,14 +312,30 @@ class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trainin
         return Response(ConductorOutput(self.get_queryset().get(name=name)).data)
 
     @extend_schema(
-        request=None,
+        request=PromoteInput,
         responses={200: ConductorOutput, 400: REFUSED},
-        description="Make this version the active conductor (loading its LoRA adapter into vLLM first, if any).",
+        description="Make this version the active conductor (loading its LoRA adapter into vLLM first, if any). "
+        "With an evaluation of it, the promotion gate applies, as on the evaluation page.",
     )
     @action(detail=True, methods=["post"])
     def promote(self, request: Request, name: str | None = None, format: str | None = None) -> Response:
         version = self.get_object()
-        services.conductor_promote(version=version, actor=_actor(request))
+        data = PromoteInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        evaluation = None
+        if data.validated_data.get("evaluation") is not None:
+            evaluation = Evaluation.objects.filter(
+                pk=data.validated_data["evaluation"], candidate=version
+            ).first()
+            if evaluation is None:
+                raise NotFound(f"no evaluation {data.validated_data['evaluation']} of {version.name}")
+        services.conductor_promote(
+            version=version,
+            actor=_actor(request),
+            evaluation=evaluation,
+            override_reason=data.validated_data.get("override_reason", ""),
+            may_override=Role.ADMIN in request_roles(request),
+        )
         return self._version(version.name)
 
     @extend_schema(

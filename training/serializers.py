@@ -192,6 +192,21 @@ class EstimateOutput(serializers.Serializer):
     message = serializers.CharField()
 
 
+class PromoteInput(serializers.Serializer):
+    evaluation = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="The evaluation of this version the promotion is decided on: its deltas are kept, and it is "
+        "refused when the baseline dominates the candidate on its items (the promotion gate)",
+    )
+    override_reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=services.OVERRIDE_REASON_MAX_CHARS,
+        help_text="Admins only: promote despite the gate, for this reason (kept in the audit record)",
+    )
+
+
 class ShadowInput(serializers.Serializer):
     on = serializers.BooleanField(help_text="true: this version shadows live tasks; false: it stops")
 

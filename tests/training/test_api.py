@@ -194,6 +194,8 @@ def test_ml_staff_start_a_learned_job_with_the_defaults_filled_in(ml, settings):
         "learning_rate": 3.0,
         "group_size": 16,
         "cost_penalty_per_usd": 20.0,
+        "folds": 3,
+        "frontier": True,
     }
     assert job.created_by.username == "mira"
     assert response.data["options"] == job.options and response.data["progress"] == 0.0

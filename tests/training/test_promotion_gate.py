@@ -8,6 +8,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
+from rest_framework.test import APIClient
 
 from audit.models import AuditEvent, Role
 from audit.services import Actor
@@ -113,3 +114,25 @@ def test_a_candidate_that_is_cheaper_or_more_accurate_passes_the_gate(replay_poo
     assert "mini is now the active conductor" in said(promote(ml, evaluation))
     event = AuditEvent.objects.filter(action="conductor.promoted").latest("id")
     assert event.payload["evidence"]["dominated"] is False and "override" not in event.payload["evidence"]
+
+
+def test_through_the_api_an_evaluation_brings_the_same_gate(dominated, make_user):
+    url = f"/api/training/conductors/{dominated.candidate.name}/promote/"
+    ml = APIClient()
+    ml.force_authenticate(make_user("mira", Role.ML_STAFF))
+    refused = ml.post(url, {"evaluation": dominated.pk}, format="json")
+    assert refused.status_code == 400 and "gemma is dominated by flash" in str(refused.json())
+    forced = ml.post(url, {"evaluation": dominated.pk, "override_reason": "trust me"}, format="json")
+    assert forced.status_code == 400 and "Only an admin may override" in str(forced.json())
+    assert not ConductorVersion.objects.get(pk=dominated.candidate.pk).is_active
+
+    admin = APIClient()
+    admin.force_authenticate(make_user("ada", Role.ADMIN))
+    done = admin.post(
+        url, {"evaluation": dominated.pk, "override_reason": "cleared data only"}, format="json"
+    )
+    assert done.status_code == 200 and done.json()["is_active"]
+    override = (
+        AuditEvent.objects.filter(action="conductor.promoted").latest("id").payload["evidence"]["override"]
+    )
+    assert override["reason"] == "cleared data only" and override["by"] == "ada"

@@ -41,7 +41,14 @@ from .jobs import (
     job_start,
 )
 from .rollouts import rollout_batch_counts, rollout_batch_refresh, rollouts_estimate, rollouts_start
-from .versions import PromotionRefused, conductor_promote, conductor_rollback, promotion_gate, shadow_set
+from .versions import (
+    OVERRIDE_REASON_MAX_CHARS,
+    PromotionRefused,
+    conductor_promote,
+    conductor_rollback,
+    promotion_gate,
+    shadow_set,
+)
 
 __all__ = [
     "DATASET_FILES",
@@ -61,6 +68,7 @@ __all__ = [
     "check_or_refuse",
     "conductor_promote",
     "PromotionRefused",
+    "OVERRIDE_REASON_MAX_CHARS",
     "promotion_gate",
     "conductor_prompt",
     "conductor_rollback",

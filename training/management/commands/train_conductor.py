@@ -19,6 +19,16 @@ class Command(BaseCommand):
         parser.add_argument("--split", default="train")
         parser.add_argument("--epochs", type=int, default=GRPOConfig.epochs)
         parser.add_argument("--limit", type=int, help="train on the first N items only")
+        parser.add_argument(
+            "--cost-penalty",
+            type=float,
+            default=GRPOConfig.cost_penalty_per_usd,
+            help="the operating point: reward = correct - penalty x USD (pick it from the frontier)",
+        )
+        parser.add_argument("--folds", type=int, default=3, help="cross-validation folds (2 to 10)")
+        parser.add_argument(
+            "--no-frontier", action="store_true", help="cross-validate this penalty only, not the whole grid"
+        )
         parser.add_argument("--activate", action="store_true", help="make it the active conductor")
 
     def handle(self, *args, **o):
@@ -28,7 +38,14 @@ class Command(BaseCommand):
                 name=o["name"],
                 backend=TrainingJob.Backend.LEARNED,
                 dataset=None,
-                options={"split": o["split"], "epochs": o["epochs"], "limit": o["limit"]},
+                options={
+                    "split": o["split"],
+                    "epochs": o["epochs"],
+                    "limit": o["limit"],
+                    "cost_penalty_per_usd": o["cost_penalty"],
+                    "folds": o["folds"],
+                    "frontier": not o["no_frontier"],
+                },
                 actor=actor,
                 queue=False,
             )
@@ -41,6 +58,14 @@ class Command(BaseCommand):
         if o["activate"]:
             conductor_activate(version=job.candidate, actor=actor)
         elapsed = (job.finished_at - job.started_at).total_seconds()
+        frontier = job.candidate.config.get("frontier") or {}
+        for point in frontier.get("points", []):
+            chosen = " <- this version" if point["cost_penalty_per_usd"] == frontier.get("chosen") else ""
+            self.stdout.write(
+                f"  penalty {point['cost_penalty_per_usd']:>7g}: accuracy {point['accuracy']:.3f}, "
+                f"{point['usd_per_1000']:.2f} USD per 1,000 tasks (cross-validated)"
+                f"{' on the frontier' if point['on_frontier'] else ''}{chosen}"
+            )
         self.stdout.write(
             f"{job.name}: {job.candidate.notes}; {o['epochs']} epochs in {elapsed:.1f}s"
             + (" (active)" if o["activate"] else "")
