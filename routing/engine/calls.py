@@ -1,5 +1,9 @@
-"""Calls to workers: the messages a step is sent (what it may see), the budget checks, one retry loop
-with backoff for timeouts, 429 and 5xx, and an attempt row with its cost per call.
+"""Calls to workers: the messages a step is sent (what it may see), the budget and policy checks,
+retries with backoff for timeouts, 429 and 5xx, and an attempt row with its cost per call.
+
+A call is started and settled on the engine's thread, which makes every database write of the run
+(on one connection); only `send`, the provider call itself, runs on a pool thread when steps run
+side by side.
 """
 
 from __future__ import annotations
@@ -7,11 +11,11 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
@@ -25,10 +29,11 @@ from ..models import (
     Step,
     StepStatus,
     StopReason,
+    Worker,
 )
 from ..plans import visible_indices
-from ..providers import ProviderCallError, complete, worker_api_key
-from .record import RunStopped, add_cost, claim_current, fence, record_event
+from ..providers import Completion, ProviderCallError, complete, worker_api_key
+from .record import RunStopped, claim_current, fenced_write, record_event
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +80,8 @@ def build_messages(step: Step, visible: list[Step]) -> list[dict[str, str]]:
     ]
 
 
-def _spent(run: Run) -> Decimal:
-    return Run.objects.filter(pk=run.pk).values_list("cost_usd", flat=True).get()
-
-
-def check_cost_budget(run: Run, step: Step) -> None:
-    spent = _spent(run)
-    if spent >= run.task.max_usd:
-        message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
-        step_failed(run, step, message, note="cost budget")
-        raise RunStopped(message, stop_reason=StopReason.COST_BUDGET)
+def _budget_message(run: Run, step: Step, spent: Decimal) -> str:
+    return f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
 
 
 def backoff(attempt_number: int, retry_after: float | None) -> float:
@@ -94,7 +91,55 @@ def backoff(attempt_number: int, retry_after: float | None) -> float:
     return min(base, settings.CONDUCTOR_RETRY_BACKOFF_MAX_S) * (0.5 + random.random() / 2)
 
 
-def call_worker(run: Run, step: Step) -> None:
+@dataclass
+class Call:
+    """A worker step's call to its worker, attempt by attempt. The engine's thread starts and settles
+    it (every database write); `send`, the provider call alone, may run on another thread."""
+
+    step: Step
+    worker: Worker
+    number: int  # the number of the attempt to make (or being made)
+    made: int  # attempts made that count against the retries (a lost one does not)
+    attempt: Attempt | None = None
+    delay_s: float = 0.0  # the backoff before the next attempt
+
+
+@dataclass
+class Sent:
+    completion: Completion | None
+    error: ProviderCallError | None
+    latency_ms: int
+
+
+def send(call: Call, metadata: dict[str, Any]) -> Sent:
+    """The provider call of the current attempt: no database, no retry (its outcome is settled by
+    `settle`). Safe on any thread."""
+    started = time.monotonic()
+    try:
+        completion = complete(
+            model=call.worker.litellm_model,
+            messages=call.step.messages_sent or [],
+            api_base=call.worker.api_base,
+            api_key=worker_api_key(call.worker),  # a key outside the allow-list fails this attempt, unmade
+            metadata=metadata,
+        )
+    except ProviderCallError as exc:
+        return Sent(None, exc, int((time.monotonic() - started) * 1000))
+    return Sent(completion, None, int((time.monotonic() - started) * 1000))
+
+
+def call_metadata(run: Run) -> dict[str, Any]:
+    """What a call tells its provider about the run; checked first: the claim is still this process's."""
+    claim_current(run)
+    return {"replay_item": run.task.source_item, "run": str(run.correlation_id)}
+
+
+def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
+    """Start a worker step and its first attempt, in one transaction: the step running with the exact
+    messages it is sent, the attempt started, the event. The checks come first: the worker is still
+    registered and enabled, the policy rules (read now: one may have changed since the plan was
+    checked) still let it have the task's data, and the cost budget is not reached. Raises RunStopped
+    (the step failed) when one says no."""
     worker = step.worker
     if worker is None or not worker.enabled:
         message = (
@@ -103,59 +148,103 @@ def call_worker(run: Run, step: Step) -> None:
         step_failed(run, step, message)
         raise RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
     verdict = policies.judge(worker, run.task.classification, policies.active_rules())
-    if not verdict.allowed:  # a rule may have changed since the plan was checked
+    if not verdict.allowed:
         message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
         step_failed(run, step, message, note=f"policy {verdict.rule}")
         raise RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
-    # Attempts made so far (a lost one was never answered: it does not count against the retries).
-    earlier = step.attempts.aggregate(
-        made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
-    )
-    made = earlier["made"]
-    number = (earlier["last"] or 0) + 1
-    while True:
-        check_cost_budget(run, step)
-        claim_current(run)
-        with transaction.atomic():
-            fence(run)
-            attempt = Attempt.objects.create(step=step, number=number, started_at=timezone.now())
-        started = time.monotonic()
-        try:
-            completion = complete(
-                model=worker.litellm_model,
-                messages=step.messages_sent or [],
-                api_base=worker.api_base,
-                api_key=worker_api_key(worker),  # a key outside the allow-list fails this attempt, unmade
-                metadata={"replay_item": run.task.source_item, "run": str(run.correlation_id)},
+    if step.started_at is None:  # never started: no attempts yet
+        call = Call(step=step, worker=worker, number=1, made=0)
+    else:  # resumed: attempts made so far (a lost one was never answered: it does not count)
+        earlier = step.attempts.aggregate(
+            made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
+        )
+        call = Call(step=step, worker=worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])
+    step.messages_sent = build_messages(step, visible)
+    stopped: RunStopped | None = None
+    with fenced_write(run) as spent:
+        if spent >= run.task.max_usd:
+            stopped = _budget_reached(run, step, spent)
+        else:
+            step.status = StepStatus.RUNNING
+            step.started_at = step.started_at or timezone.now()
+            Step.objects.filter(pk=step.pk).update(
+                status=step.status, started_at=step.started_at, messages_sent=step.messages_sent
             )
-        except ProviderCallError as exc:
-            made += 1
-            latency_ms = int((time.monotonic() - started) * 1000)
-            last = not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
-            _attempt_failed(run, step, attempt, exc, latency_ms=latency_ms)
-            if last:
-                if exc.code:  # a known outcome (the replay pool has no answer): its own words, its own reason
-                    message = f"step {step.index} ({step.worker_slug}): {exc}"
-                else:
-                    message = (
-                        f"step {step.index} ({step.worker_slug}) failed after {made} attempt(s): {exc.status}"
-                        + (f" (HTTP {exc.http_status})" if exc.http_status else "")
-                        + f": {exc}"
-                    )
-                step_failed(run, step, message)
-                raise RunStopped(message, stop_reason=exc.code or StopReason.STEP_FAILED) from exc
-            time.sleep(backoff(made, exc.retry_after))
-            number += 1
-            continue
-        latency_ms = int((time.monotonic() - started) * 1000)
-        _attempt_succeeded(run, step, attempt, completion, latency_ms=latency_ms)
-        return
+            record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))
+            call.attempt = Attempt.objects.create(step=step, number=call.number, started_at=timezone.now())
+    if stopped is not None:
+        raise stopped
+    return call
+
+
+def started_payload(run: Run, step: Step, visible: list[Step]) -> dict[str, Any]:
+    return {
+        "index": step.index,
+        "depth": step.depth,
+        "worker": step.worker_slug,
+        "vendor": step.vendor,
+        "model": step.worker.litellm_model if step.worker else None,
+        "classification": run.task.classification,
+        "sees_steps": [s.pk for s in visible],
+        "sees_step_hashes": {str(s.pk): content_hash(s.response) for s in visible},
+        "messages_sha256": content_hash(step.messages_sent) if step.messages_sent else None,
+    }
+
+
+def begin_retry(run: Run, call: Call) -> None:
+    """The next attempt of a call, after its backoff: started unless the budget is reached."""
+    stopped: RunStopped | None = None
+    with fenced_write(run) as spent:
+        if spent >= run.task.max_usd:
+            stopped = _budget_reached(run, call.step, spent)
+        else:
+            call.attempt = Attempt.objects.create(
+                step=call.step, number=call.number, started_at=timezone.now()
+            )
+    if stopped is not None:
+        raise stopped
+
+
+def _budget_reached(run: Run, step: Step, spent: Decimal) -> RunStopped:
+    message = _budget_message(run, step, spent)
+    mark_failed(run, step, message, note="cost budget")
+    return RunStopped(message, stop_reason=StopReason.COST_BUDGET)
+
+
+def settle(run: Run, call: Call, sent: Sent) -> bool:
+    """Record an attempt's outcome. True: the step succeeded. False: retry it (after call.delay_s).
+    Raises RunStopped when the step failed for good."""
+    assert call.attempt is not None
+    exc = sent.error
+    if exc is None:
+        assert sent.completion is not None
+        _attempt_succeeded(run, call.step, call.attempt, sent.completion, latency_ms=sent.latency_ms)
+        return True
+    call.made += 1
+    last = not exc.retryable or call.made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
+    _attempt_failed(run, call.step, call.attempt, exc, latency_ms=sent.latency_ms)
+    if last:
+        step = call.step
+        if exc.code:  # a known outcome (the replay pool has no answer): its own words, its own reason
+            message = f"step {step.index} ({step.worker_slug}): {exc}"
+        else:
+            message = (
+                f"step {step.index} ({step.worker_slug}) failed after {call.made} attempt(s): {exc.status}"
+                + (f" (HTTP {exc.http_status})" if exc.http_status else "")
+                + f": {exc}"
+            )
+        step_failed(run, step, message)
+        raise RunStopped(message, stop_reason=exc.code or StopReason.STEP_FAILED) from exc
+    call.delay_s = backoff(call.made, exc.retry_after)
+    call.number += 1
+    call.attempt = None
+    return False
 
 
 def _attempt_failed(
     run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int
 ) -> None:
-    with transaction.atomic():
+    with fenced_write(run):
         attempt.status = exc.status
         attempt.http_status = exc.http_status
         attempt.error = str(exc)
@@ -179,11 +268,16 @@ def _attempt_failed(
         )
 
 
-def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, *, latency_ms: int) -> None:
+def _attempt_succeeded(
+    run: Run, step: Step, attempt: Attempt, completion: Completion, *, latency_ms: int
+) -> None:
+    """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence)."""
     assert step.worker is not None
     cost = step.worker.cost_of(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
     now = timezone.now()
-    with transaction.atomic():
+    with fenced_write(
+        run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens
+    ):
         attempt.status = Attempt.Status.SUCCEEDED
         attempt.input_tokens = completion.input_tokens
         attempt.output_tokens = completion.output_tokens
@@ -191,7 +285,17 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
         attempt.latency_ms = latency_ms
         attempt.provider_request_id = completion.request_id[:200]
         attempt.finished_at = now
-        attempt.save()
+        attempt.save(
+            update_fields=[
+                "status",
+                "input_tokens",
+                "output_tokens",
+                "cost_usd",
+                "latency_ms",
+                "provider_request_id",
+                "finished_at",
+            ]
+        )
         if attempt.number == 1:  # the step's only attempt: its totals are this call's
             totals = {
                 "cost": cost,
@@ -202,9 +306,15 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
             totals = step.attempts.aggregate(
                 cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
             )
+        step.status, step.response, step.finished_at, step.error = (
+            StepStatus.SUCCEEDED,
+            completion.text,
+            now,
+            "",
+        )
         Step.objects.filter(pk=step.pk).update(
-            status=StepStatus.SUCCEEDED,
-            response=completion.text,
+            status=step.status,
+            response=step.response,
             cost_usd=totals["cost"],
             input_tokens=totals["input_tokens"],
             output_tokens=totals["output_tokens"],
@@ -212,7 +322,6 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
             finished_at=now,
             error="",
         )
-        add_cost(run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
         record_event(
             run,
             Action.STEP_SUCCEEDED,
@@ -232,13 +341,19 @@ def _attempt_succeeded(run: Run, step: Step, attempt: Attempt, completion: Any, 
 
 
 def step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
-    with transaction.atomic():
-        Step.objects.filter(pk=step.pk).update(
-            status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now()
-        )
-        record_event(
-            run,
-            Action.STEP_FAILED,
-            step,
-            {"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
-        )
+    with fenced_write(run):
+        mark_failed(run, step, message, note=note)
+
+
+def mark_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
+    """A step failed, with its event: inside the caller's write transaction."""
+    step.status = StepStatus.FAILED
+    Step.objects.filter(pk=step.pk).update(
+        status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now()
+    )
+    record_event(
+        run,
+        Action.STEP_FAILED,
+        step,
+        {"index": step.index, "worker": step.worker_slug, "error": message, "note": note},
+    )

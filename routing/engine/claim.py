@@ -156,7 +156,12 @@ def _execute(run: Run) -> None:
 
 def claim_run(run_id: int) -> Run | None:
     with transaction.atomic():
-        run = Run.objects.select_for_update(of=("self",)).select_related("task").filter(pk=run_id).first()
+        run = (
+            Run.objects.select_for_update(of=("self",))
+            .select_related("task", "conductor_version")
+            .filter(pk=run_id)
+            .first()
+        )
         if run is None:
             log.warning("run %s does not exist; dropping its message", run_id)
             return None
@@ -164,6 +169,7 @@ def claim_run(run_id: int) -> Run | None:
             log.info("run %s has already ended; dropping its message", run_id)
             return None
         resumed = run.deliveries > 0
+        run.resumed = resumed  # type: ignore[attr-defined]  # a first delivery has nothing to look up
         now = timezone.now()
         run.status = RunStatus.RUNNING
         run.deliveries += 1

@@ -25,7 +25,7 @@ from ..models import (
 from ..scoring import scorers
 from ..scoring.judge import judge
 from ..signals import run_finished
-from .record import add_cost, record_event
+from .record import add_cost, record_event, task_totals
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,16 @@ def finish_run(run: Run, root: Decision) -> None:
             heartbeat_at=now,
             stop_reason="",
         )
+        ended: dict[str, object] = {}
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-            Task.objects.filter(pk=task.pk).update(
-                status=RunStatus.SUCCEEDED, final_answer=final, score=score, finished_at=now, error=""
-            )
+            ended = {
+                "status": RunStatus.SUCCEEDED,
+                "final_answer": final,
+                "score": score,
+                "finished_at": now,
+                "error": "",
+            }
+        Task.objects.filter(pk=task.pk).update(**ended, **task_totals())
         _settle_steps(run, now, reason="the run finished without it")
         totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
         record_event(
@@ -95,10 +101,10 @@ def fail_run(run: Run, message: str, stop_reason: str) -> None:
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
         )
+        ended: dict[str, object] = {}
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-            Task.objects.filter(pk=run.task_id).update(
-                status=RunStatus.FAILED, error=message, finished_at=now
-            )
+            ended = {"status": RunStatus.FAILED, "error": message, "finished_at": now}
+        Task.objects.filter(pk=run.task_id).update(**ended, **task_totals())
         record_event(
             run,
             Action.RUN_FAILED,

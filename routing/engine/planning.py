@@ -27,7 +27,7 @@ from ..models import (
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import ProviderCallError
 from .calls import backoff, last_response_before, visible_steps
-from .record import RunStopped, add_cost, claim_current, record_event
+from .record import RunStopped, claim_current, fenced_write, record_event
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,14 @@ def _steps_used(run: Run) -> int:
 def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     """The valid decision for this level of the run, asking the conductor if there is none yet."""
     decisions = Decision.objects.filter(run=run, parent_step=parent_step)
-    valid = decisions.filter(valid=True).first()
+    # A run's first delivery has no decisions and no steps yet: nothing to look up for its first plan.
+    first = parent_step is None and not getattr(run, "resumed", True)
+    valid = None if first else decisions.filter(valid=True).first()
     if valid is not None:
         return valid
     task = run.task
     workers, withheld = _offerable_workers(task)
-    remaining = task.max_steps - _steps_used(run)
+    remaining = task.max_steps - (0 if first else _steps_used(run))
     if remaining <= 0:
         raise RunStopped(
             f"step budget of {task.max_steps} reached before planning", stop_reason=StopReason.STEP_BUDGET
@@ -91,9 +93,9 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             "visible_responses": tuple(s.response for s in visible_steps(parent_step)),
         }
     conductor, load_ms = conductor_load(run.conductor_version)
-    tries = decisions.count()
+    tries = 0 if first else decisions.count()
     last_blocked: policies.Verdict | None = None
-    feedback = decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
+    feedback = "" if first else decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
     asked = False
     while tries < PLAN_TRIES:
         tries += 1
@@ -238,7 +240,9 @@ def _record_decision(
     version = run.conductor_version
     # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
     backend = "given" if run.plan_override and parent_step is None else version.backend
-    with transaction.atomic():
+    with fenced_write(
+        run, cost=proposal.cost_usd, input_tokens=proposal.input_tokens, output_tokens=proposal.output_tokens
+    ):
         decision = Decision.objects.create(
             run=run,
             parent_step=parent_step,
@@ -258,12 +262,6 @@ def _record_decision(
             output_tokens=proposal.output_tokens,
             cost_usd=proposal.cost_usd,
             latency_ms=proposal.latency_ms,
-        )
-        add_cost(
-            run,
-            cost=proposal.cost_usd,
-            input_tokens=proposal.input_tokens,
-            output_tokens=proposal.output_tokens,
         )
         if plan is not None:
             Step.objects.bulk_create(

@@ -5,6 +5,8 @@ the claim), the cost roll-up, and the errors that stop a run or a process.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -12,16 +14,13 @@ from typing import Any
 import psycopg
 from django import db as django_db
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from audit.services import ENGINE, event_record
 
 from .. import live, log_context
-from ..models import (
-    Run,
-    Task,
-)
+from ..models import Run
 
 log = logging.getLogger(__name__)
 events_log = logging.getLogger("routing.events")  # a line per engine event: what log platforms join on
@@ -48,17 +47,36 @@ class RunStopped(Exception):
         self.stop_reason = stop_reason
 
 
+@contextmanager
+def fenced_write(
+    run: Run, *, cost: Decimal = Decimal(0), input_tokens: int = 0, output_tokens: int = 0
+) -> Iterator[Decimal]:
+    """A write transaction of the engine, fenced in its first statement: the run row is locked, its
+    heartbeat beaten, a cost added to its totals, and the claim checked (`fence`). Yields what the run
+    has spent so far (this cost included), for budget checks. The events recorded inside it do not
+    fence again."""
+    with transaction.atomic():
+        spent = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens)
+        run._fenced = True  # type: ignore[attr-defined]
+        try:
+            yield spent
+        finally:
+            run._fenced = False  # type: ignore[attr-defined]
+
+
 def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
     """An engine event on the run's chain; call inside the transaction of the change it records.
 
     Watchers of the task get a small live event after commit, numbered by the event's place in the
     run's chain (gap-free), so a page can tell when it missed one.
 
-    Every write transaction of the engine records an event, so this is also where the claim is fenced:
-    the run row is locked and its claim epoch must still be this process's, or the whole transaction
-    (the change with its event) rolls back.
+    Every write transaction of the engine records an event, so this is also where the claim is fenced
+    (unless the transaction is a `fenced_write`, which did it first): the run row is locked and its
+    claim epoch must still be this process's, or the whole transaction (the change with its event)
+    rolls back.
     """
-    fence(run)
+    if not getattr(run, "_fenced", False):
+        fence(run)
     event = event_record(
         actor=ENGINE,
         action=action,
@@ -91,21 +109,25 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
     )
 
 
-def fence(run: Run) -> None:
+def fence(run: Run, *, cost: Decimal = Decimal(0), input_tokens: int = 0, output_tokens: int = 0) -> Decimal:
     """Inside a write transaction: lock the run row and check that this process's claim is current.
-    One statement, which also beats the run's heartbeat (a write is a sign of life)."""
+    One statement, which also beats the run's heartbeat (a write is a sign of life) and adds a cost to
+    the run's totals. Returns what the run has spent."""
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE routing_run SET heartbeat_at = %s WHERE id = %s RETURNING claim_epoch",
-            [timezone.now(), run.pk],
+            "UPDATE routing_run SET heartbeat_at = %s, cost_usd = cost_usd + %s, "
+            "input_tokens = input_tokens + %s, output_tokens = output_tokens + %s "
+            "WHERE id = %s RETURNING claim_epoch, cost_usd",
+            [timezone.now(), cost, input_tokens, output_tokens, run.pk],
         )
         row = cursor.fetchone()
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
+    return row[1]
 
 
 def claim_current(run: Run) -> None:
@@ -116,7 +138,7 @@ def claim_current(run: Run) -> None:
 
 
 def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) -> None:
-    """Roll a cost up to the run and its task, in the caller's transaction."""
+    """Add a cost to the run's totals, in the caller's transaction (its task's: when the run ends)."""
     if not (cost or input_tokens or output_tokens):
         return
     Run.objects.filter(pk=run.pk).update(
@@ -125,8 +147,13 @@ def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) 
         output_tokens=F("output_tokens") + output_tokens,
         heartbeat_at=timezone.now(),
     )
-    Task.objects.filter(pk=run.task_id).update(
-        cost_usd=F("cost_usd") + cost,
-        input_tokens=F("input_tokens") + input_tokens,
-        output_tokens=F("output_tokens") + output_tokens,
-    )
+
+
+def task_totals() -> dict[str, Subquery]:
+    """A task's totals, for its UPDATE when one of its runs ends: the sum of its runs' (so a run still
+    going counts once it ends, and totals never drift from the runs they sum)."""
+    runs = Run.objects.filter(task_id=OuterRef("pk")).order_by().values("task_id")
+    return {
+        field: Subquery(runs.annotate(total=Sum(field)).values("total"))
+        for field in ("cost_usd", "input_tokens", "output_tokens")
+    }

@@ -1,30 +1,40 @@
 """The DAG of a plan: steps run as soon as the steps they see have succeeded, independent ones
-concurrently (up to CONDUCTOR_STEP_CONCURRENCY), in this thread when one is ready.
+concurrently (up to CONDUCTOR_STEP_CONCURRENCY calls in flight).
+
+One thread writes: the engine's, on the run's connection. It starts each ready step (one transaction:
+the step, its first attempt, the event), hands the provider call to a pool thread, which makes it
+and nothing else, and records each outcome as it comes back. A step alone in the DAG at its turn is
+called on the engine's thread itself. A conductor step (a nested plan) runs on the engine's thread
+while its siblings' calls are in flight.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
 from django.utils import timezone
 
 from audit.actions import Action
 
-from ..hashing import content_hash
-from ..models import (
-    Decision,
-    Run,
-    Step,
-    StepStatus,
-    StopReason,
+from ..models import Decision, Run, Step, StepStatus, StopReason
+from .calls import (
+    Call,
+    Sent,
+    begin_retry,
+    begin_step,
+    call_metadata,
+    dependencies,
+    send,
+    settle,
+    started_payload,
 )
-from .calls import build_messages, call_worker, dependencies, visible_steps
-from .record import RunStopped, record_event
+from .record import RunStopped, fenced_write, record_event
 from .recursion import execute_conductor_step
 
 log = logging.getLogger(__name__)
@@ -32,45 +42,59 @@ log = logging.getLogger(__name__)
 
 def execute_plan(run: Run, decision: Decision) -> None:
     """Run the plan's steps; independent steps run concurrently. Raises RunStopped on failure."""
-    steps = {s.index: s for s in decision.steps.all()}
+    steps = {s.index: s for s in decision.steps.select_related("worker")}
     done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
-    in_flight: dict[Future[None], int] = {}
+    busy: set[int] = set()
+    pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
+    first_error: RunStopped | None = None
+
     with ThreadPoolExecutor(
         max_workers=settings.CONDUCTOR_STEP_CONCURRENCY, thread_name_prefix=f"run{run.pk}"
     ) as pool:
-        first_error: RunStopped | None = None
+        ready: list[int] = []
+
+        def start(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+            if not pending and not ready:  # nothing else to do meanwhile: here, on this thread
+                return _now(fn, *args)
+            # The pool thread logs and traces with the run's ids (routing.log_context): a copy of this context.
+            return pool.submit(contextvars.copy_context().run, fn, *args)
+
         while True:
-            if first_error is None:
-                ready = [
-                    index
-                    for index, step in sorted(steps.items())
-                    if index not in done
-                    and index not in in_flight.values()
-                    and all(dep in done for dep in dependencies(step))
-                ]
-                if len(ready) == 1 and not in_flight:
-                    # One step and nothing else running: here, on this thread's connection, not on a
-                    # new thread with a new connection.
-                    try:
-                        execute_step(run, steps[ready[0]].pk)
-                        done.add(ready[0])
-                    except RunStopped as stop:
-                        first_error = stop
-                    continue
-                for index in ready:
-                    # The step's thread logs with the run's ids (routing.log_context): a copy of this context.
-                    context = contextvars.copy_context()
-                    in_flight[pool.submit(context.run, _in_thread, execute_step, run, steps[index].pk)] = (
-                        index
-                    )
-            if not in_flight:
-                break
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in finished:
-                index = in_flight.pop(future)
+            ready = _ready(steps, done, busy) if first_error is None else []
+            nested = False
+            while ready and first_error is None:
+                step = steps[ready.pop(0)]
+                visible = [steps[i] for i in dependencies(step)]
                 try:
-                    future.result()
-                    done.add(index)
+                    if step.is_conductor:  # last of the ready: its siblings' calls go out first
+                        _conductor_step(run, step, visible)
+                        done.add(step.index)
+                        nested = True
+                        continue
+                    call = begin_step(run, step, visible)
+                    busy.add(step.index)
+                    pending[start(send, call, call_metadata(run))] = call
+                except RunStopped as stop:
+                    first_error = stop
+            if nested:
+                continue  # a conductor step answered: the steps that see it may be ready
+            if not pending:
+                break
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                call = pending.pop(future)
+                outcome = future.result()
+                try:
+                    if isinstance(outcome, Sent):
+                        if settle(run, call, outcome):
+                            done.add(call.step.index)
+                            busy.discard(call.step.index)
+                        else:
+                            pending[start(time.sleep, call.delay_s)] = call  # back off, then try again
+                    elif first_error is None:  # its backoff is over: the next attempt
+                        begin_retry(run, call)
+                        pending[start(send, call, call_metadata(run))] = call
+                    # else the run is stopping: no new attempt (the step is settled with the run)
                 except RunStopped as stop:
                     first_error = first_error or stop
         if first_error is not None:
@@ -79,50 +103,36 @@ def execute_plan(run: Run, decision: Decision) -> None:
         raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
 
 
-def _in_thread(fn: Any, *args: Any) -> Any:
+def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:
+    """Steps whose turn it is, worker steps first."""
+    return [
+        index
+        for index, step in sorted(steps.items(), key=lambda kv: (kv[1].is_conductor, kv[0]))
+        if index not in done and index not in busy and all(dep in done for dep in dependencies(step))
+    ]
+
+
+def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """A future already done: fn called here."""
+    future: Future[Any] = Future()
     try:
-        return fn(*args)
-    finally:
-        connections.close_all()  # each thread has its own connection; do not leak them
+        future.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the future, as the pool would
+        future.set_exception(exc)
+    return future
 
 
-def start_step(run: Run, step_id: int) -> Step | None:
-    with transaction.atomic():
-        step = (
-            Step.objects.select_for_update(of=("self",)).select_related("worker", "decision").get(pk=step_id)
-        )
-        if step.status == StepStatus.SUCCEEDED:
-            return None
-        visible = visible_steps(step)
+def _conductor_step(run: Run, step: Step, visible: list[Step]) -> None:
+    """A conductor step: started, then its nested plan (on this thread); its answer read back."""
+    start_step(run, step, visible)
+    execute_conductor_step(run, step)
+    step.refresh_from_db(fields=["status", "response"])
+
+
+def start_step(run: Run, step: Step, visible: list[Step]) -> None:
+    """A conductor step running (worker steps start with their first attempt: calls.begin_step)."""
+    with fenced_write(run):
         step.status = StepStatus.RUNNING
         step.started_at = step.started_at or timezone.now()
-        if not step.is_conductor:
-            step.messages_sent = build_messages(step, visible)
-        step.save(update_fields=["status", "started_at", "messages_sent"])
-        record_event(  # its fence beats the run's heartbeat
-            run,
-            Action.STEP_STARTED,
-            step,
-            {
-                "index": step.index,
-                "depth": step.depth,
-                "worker": step.worker_slug,
-                "vendor": step.vendor,
-                "model": step.worker.litellm_model if step.worker else None,
-                "classification": run.task.classification,
-                "sees_steps": [s.pk for s in visible],
-                "sees_step_hashes": {str(s.pk): content_hash(s.response) for s in visible},
-                "messages_sha256": content_hash(step.messages_sent) if step.messages_sent else None,
-            },
-        )
-    return step
-
-
-def execute_step(run: Run, step_id: int) -> None:
-    step = start_step(run, step_id)
-    if step is None:
-        return
-    if step.is_conductor:
-        execute_conductor_step(run, step)
-    else:
-        call_worker(run, step)
+        Step.objects.filter(pk=step.pk).update(status=step.status, started_at=step.started_at)
+        record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))

@@ -27,10 +27,10 @@ from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded
 from routing import engine
+from routing.engine.calls import begin_step
 from routing.engine.claim import claim_run
 from routing.engine.planning import ensure_plan
 from routing.engine.record import record_event
-from routing.engine.schedule import start_step
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
 from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held
@@ -130,8 +130,8 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, 
     with engine.run_lock(run.pk):
         claimed = claim_run(run.pk)
         decision = ensure_plan(claimed, parent_step=None, depth=0)
-        step = start_step(claimed, decision.steps.get().pk)
-        Attempt.objects.create(step=step, number=1, started_at=step.started_at)
+        # The step started with its first attempt, as begin_step leaves them before the call.
+        step = begin_step(claimed, decision.steps.select_related("worker").get(), []).step
 
     engine.execute_run(run.pk)
 
