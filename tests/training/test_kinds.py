@@ -12,17 +12,9 @@ import pytest
 
 from routing.conductors import PlanRequest, WorkerCard
 from training.conductor import LearnedConductor
+from training.features import FEATURES, feature_size
 from training.kinds import LEGACY_KINDS, kinds_of
-from training.policy import (
-    FEATURES,
-    GRPOConfig,
-    Policy,
-    Workflow,
-    agree,
-    feature_size,
-    simulate,
-    train,
-)
+from training.policy import GRPOConfig, Policy, Workflow, agree, simulate, train
 
 CHEAP, STRONG = "cheap-model", "strong-model"
 ACTIONS = [Workflow("single", (CHEAP,)), Workflow("single", (STRONG,))]

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from routing import replay
+from training.features import FEATURE_SIZES, feature_size
 from training.policy import (
-    FEATURE_SIZES,
     GRPOConfig,
     Policy,
     Workflow,
     agree,
     default_actions,
-    feature_size,
     parse_instruction,
     reward,
     simulate,
