@@ -68,6 +68,11 @@ class LearnedConductor:
             index = self.policy.actions.index(chosen)
             sampled = " sampled" if temperature is not None and temperature > 0 else ""
             plan["thought"] += f" (p={float(p[index]):.2f}{sampled})"
+            kind = self.policy.kind(request.domain)
+            if not sampled and self.policy.fallback.get(kind) == index:
+                plan["thought"] += (
+                    f"; the best fixed workflow for kind {kind}: the learned choice did not beat it"
+                )
         return Proposal(
             raw_output=json.dumps(plan),
             alternatives=[{"step": 0, "candidates": alternatives}],

@@ -3,10 +3,14 @@ learned choice does not beat the kind's best fixed workflow, and no fixed workfl
 
 from __future__ import annotations
 
+import json
+from decimal import Decimal
 from types import SimpleNamespace
 
 import numpy as np
 
+from routing.conductors import PlanRequest, WorkerCard
+from training.conductor import LearnedConductor
 from training.frontier import best_fixed, dominates, fold_of, gate_policy, sweep
 from training.policy import GRPOConfig, Policy, Workflow, outcome_table, train
 
@@ -53,7 +57,7 @@ def make(items):
     return lambda: Policy.for_items(ACTIONS, items)
 
 
-def test_where_the_text_says_nothing_each_kind_falls_back_to_its_best_fixed_workflow():
+def test_where_the_text_says_nothing_each_kind_falls_back_to_its_best_fixed_workflow(tmp_path):
     data = plain_items()
     fit = sweep(ACTIONS, data, make(data), CONFIG, penalties=[20.0], folds=3)
     (point,) = fit.points
@@ -65,6 +69,13 @@ def test_where_the_text_says_nothing_each_kind_falls_back_to_its_best_fixed_work
     assert policy.choose("anything at all", "chat")[0].workers == (CHEAP,)
     assert policy.choose("anything at all", "math")[0].workers == (MID,)
     assert Policy.from_json(policy.to_json()).fallback == policy.fallback
+    # The conductor says so in its plan's thought (the "why" an auditor reads).
+    path = tmp_path / "policy.json"
+    path.write_text(policy.to_json())
+    cards = [WorkerCard(w, "v", "", Decimal("1"), Decimal("1")) for w in (CHEAP, MID, STRONG)]
+    request = PlanRequest(task_text="anything", domain="math", workers=cards, max_steps=5, may_recurse=True)
+    plan = json.loads(LearnedConductor({"policy_path": str(path)}).propose(request).raw_output)
+    assert plan["steps"][0]["worker"] == MID and "the best fixed workflow for kind math" in plan["thought"]
     assert policy.frontier["chosen"] == 20.0 and policy.frontier["points"][0]["on_frontier"]
 
 
