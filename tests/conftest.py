@@ -70,6 +70,15 @@ def _fast_retries(settings):
     settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0.05
 
 
+@pytest.fixture(autouse=True)
+def _lock_connections_closed() -> Iterator[None]:
+    """The engine keeps its lock connections between runs; none outlives a test (nor the test database)."""
+    yield
+    from routing.engine.claim import LOCK_CONNECTIONS
+
+    LOCK_CONNECTIONS.close_all()
+
+
 @pytest.fixture
 def openai_server() -> Iterator[OpenAIServer]:
     server = OpenAIServer().start()

@@ -80,22 +80,91 @@ class _Keeper:
                 return
 
 
+class LockConnections:
+    """Connections for advisory locks, kept between locks: a connection is a PostgreSQL backend, and
+    opening one for each run cost more than a step. A connection goes back only when its lock was
+    released cleanly; one that died (the run's keeper saw it, or its server ended it) is dropped."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[psycopg.Connection]] = {}
+        self._mutex = threading.Lock()
+        self._pid = os.getpid()
+        self._inherited: list[dict[str, list[psycopg.Connection]]] = []
+
+    def take(self, params: dict[str, Any], *, fresh: bool = False) -> psycopg.Connection:
+        """A kept connection to the database `params` name, or (none kept, or `fresh`) a new one."""
+        key = repr(sorted(params.items()))
+        conn = None
+        with self._mutex:
+            if self._pid != os.getpid():  # a forked child: the parent's connections are not its own
+                # Kept, never closed here: closing would end the parent's sessions on the server.
+                self._inherited.append(self._idle)
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get(key) or []
+            if idle and not fresh:
+                conn = idle.pop()
+        if (
+            conn is not None
+            and not conn.closed
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        ):
+            return conn
+        conn = psycopg.connect(**params, autocommit=True)
+        conn._lock_key = key  # type: ignore[attr-defined]
+        return conn
+
+    def give(self, conn: psycopg.Connection) -> None:
+        with self._mutex:
+            idle = self._idle.setdefault(conn._lock_key, [])  # type: ignore[attr-defined]
+            if len(idle) < self.KEEP and self._pid == os.getpid():
+                idle.append(conn)
+                return
+        conn.close()
+
+    def close_all(self) -> None:
+        with self._mutex:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+
+
+LOCK_CONNECTIONS = LockConnections()
+
+
 @contextmanager
 def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Connection | None]:
-    """Hold an advisory lock on a connection of its own (it dies with the process); yields that
+    """Hold an advisory lock on a connection of its own (the lock dies with the process); yields that
     connection, or None if another process holds the lock."""
     params = connection.get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as lock_conn:
-        row = lock_conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (namespace, key)).fetchone()
-        acquired = bool(row and row[0])
-        try:
-            yield lock_conn if acquired else None
-        finally:
-            if acquired and not lock_conn.closed:
-                with contextlib.suppress(psycopg.Error):  # a dead connection took the lock with it
-                    lock_conn.execute("SELECT pg_advisory_unlock(%s, %s)", (namespace, key))
+    lock_conn = LOCK_CONNECTIONS.take(params)
+    try:
+        acquired = _call(lock_conn, "pg_try_advisory_lock", namespace, key)
+    except psycopg.OperationalError:  # a kept connection the server ended meanwhile: a new one
+        lock_conn = LOCK_CONNECTIONS.take(params, fresh=True)
+        acquired = _call(lock_conn, "pg_try_advisory_lock", namespace, key)
+    released = not acquired
+    try:
+        yield lock_conn if acquired else None
+    finally:
+        if acquired and not lock_conn.closed:
+            with contextlib.suppress(psycopg.Error):  # a dead connection took the lock with it
+                released = _call(lock_conn, "pg_advisory_unlock", namespace, key)
+        if released and not lock_conn.closed:
+            LOCK_CONNECTIONS.give(lock_conn)
+        else:
+            with contextlib.suppress(psycopg.Error):
+                lock_conn.close()
+
+
+def _call(conn: psycopg.Connection, function: str, namespace: int, key: int) -> bool:
+    row = conn.execute(f"SELECT {function}(%s, %s)", (namespace, key)).fetchone()  # noqa: S608 - a name
+    return bool(row and row[0])
 
 
 @contextmanager

@@ -118,6 +118,21 @@ def test_a_stale_claim_cannot_write(live_pool):
     assert not Run.objects.get(pk=run.pk).steps.exists()
 
 
+def test_the_lock_connection_is_kept_between_runs_and_one_the_server_ended_is_replaced(live_pool):
+    with engine.run_lock(101) as first:
+        assert first is not None
+        pid = first.info.backend_pid
+    with engine.run_lock(102) as second:  # the next run: the same connection, its lock released
+        assert second is not None and second.info.backend_pid == pid
+        with engine.run_lock(102) as again:  # held: another connection is asked, and refused
+            assert again is None
+    assert terminate(f"pid = {pid}") == 1  # an idle-session timeout ends the kept connection
+
+    with engine.run_lock(103) as third:
+        assert third is not None and third.info.backend_pid != pid
+    assert engine.run_is_locked(103) is False and engine.run_is_locked(101) is False
+
+
 # --- 11. a call lost in flight is estimated, counted and recorded ---------------------------------
 
 
