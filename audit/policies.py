@@ -227,6 +227,27 @@ def active_rules() -> list[PolicyRule]:
     return list(PolicyRule.objects.filter(enabled=True).order_by("name"))
 
 
+# A fingerprint of every rule row, as it is now: a caller puts it in a statement it makes anyway (the
+# engine: its fence before each call) and gets the rules through `rules_as_of`, read again only when
+# they changed, however they changed (the admin, the API, SQL).
+RULES_STAMP_SQL = (
+    f"(SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) FROM {PolicyRule._meta.db_table} r)"  # noqa: S608 - a name
+)
+_rules_read: tuple[str, list[PolicyRule]] | None = None
+
+
+def rules_as_of(stamp: str) -> list[PolicyRule]:
+    """The enabled rules, given their stamp (RULES_STAMP_SQL) read just before; read from the database
+    only when the stamp is not the one of the rules this process last read."""
+    global _rules_read
+    kept = _rules_read
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    rules = active_rules()
+    _rules_read = (stamp, rules)  # read after the stamp: at worst newer, and read again next time
+    return rules
+
+
 def screen(workers: list[Any], classification: str) -> tuple[list[Any], dict[str, Verdict]]:
     """Split workers into those the conductor may name and those withheld, with the verdict for each."""
     rules = active_rules()

@@ -137,9 +137,9 @@ def call_metadata(run: Run) -> dict[str, Any]:
 def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
     """Start a worker step and its first attempt, in one transaction: the step running with the exact
     messages it is sent, the attempt started, the event. The checks come first: the worker is still
-    registered and enabled, the policy rules (read now: one may have changed since the plan was
-    checked) still let it have the task's data, and the cost budget is not reached. Raises RunStopped
-    (the step failed) when one says no."""
+    registered and enabled, the policy rules still let it have the task's data (one may have changed
+    since the plan was checked: their stamp rides on the fence, and they are read again when it
+    moved), and the cost budget is not reached. Raises RunStopped (the step failed) when one says no."""
     worker = step.worker
     if worker is None or not worker.enabled:
         message = (
@@ -147,11 +147,6 @@ def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
         )
         step_failed(run, step, message)
         raise RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
-    verdict = policies.judge(worker, run.task.classification, policies.active_rules())
-    if not verdict.allowed:
-        message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
-        step_failed(run, step, message, note=f"policy {verdict.rule}")
-        raise RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
     if step.started_at is None:  # never started: no attempts yet
         call = Call(step=step, worker=worker, number=1, made=0)
     else:  # resumed: attempts made so far (a lost one was never answered: it does not count)
@@ -161,9 +156,16 @@ def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
         call = Call(step=step, worker=worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])
     step.messages_sent = build_messages(step, visible)
     stopped: RunStopped | None = None
-    with fenced_write(run) as spent:
-        if spent >= run.task.max_usd:
-            stopped = _budget_reached(run, step, spent)
+    with fenced_write(run, rules=True) as fenced:
+        verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
+        if not verdict.allowed:
+            message = (
+                f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
+            )
+            mark_failed(run, step, message, note=f"policy {verdict.rule}")
+            stopped = RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
+        elif fenced.spent >= run.task.max_usd:
+            stopped = _budget_reached(run, step, fenced.spent)
         else:
             step.status = StepStatus.RUNNING
             step.started_at = step.started_at or timezone.now()
@@ -194,9 +196,9 @@ def started_payload(run: Run, step: Step, visible: list[Step]) -> dict[str, Any]
 def begin_retry(run: Run, call: Call) -> None:
     """The next attempt of a call, after its backoff: started unless the budget is reached."""
     stopped: RunStopped | None = None
-    with fenced_write(run) as spent:
-        if spent >= run.task.max_usd:
-            stopped = _budget_reached(run, call.step, spent)
+    with fenced_write(run) as fenced:
+        if fenced.spent >= run.task.max_usd:
+            stopped = _budget_reached(run, call.step, fenced.spent)
         else:
             call.attempt = Attempt.objects.create(
                 step=call.step, number=call.number, started_at=timezone.now()

@@ -210,8 +210,7 @@ def execute_run(run_id: int) -> None:
 def _execute(run: Run) -> None:
     try:
         root = ensure_plan(run, parent_step=None, depth=0)
-        execute_plan(run, root)
-        finish_run(run, root)
+        finish_run(run, last=execute_plan(run, root))
     except RunStopped as stop:
         fail_run(run, str(stop), stop.stop_reason)
     except (Fenced, *INFRASTRUCTURE_ERRORS):
@@ -258,13 +257,16 @@ def claim_run(run_id: int) -> Run | None:
                 "started_at",
             ]
         )
-        # We hold the run's lock, so anything still marked in flight belongs to a process that died.
-        lost = list(
-            Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
-        )
-        for attempt in lost:
-            attempt_lost(run, attempt, now)
-        Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
+        # We hold the run's lock, so anything still marked in flight belongs to a process that died
+        # (a first delivery has nothing yet).
+        lost: list[Attempt] = []
+        if resumed:
+            lost = list(
+                Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
+            )
+            for attempt in lost:
+                attempt_lost(run, attempt, now)
+            Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
         record_event(

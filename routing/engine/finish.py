@@ -15,7 +15,6 @@ from audit.services import run_chain_seal
 
 from ..hashing import content_hash
 from ..models import (
-    Decision,
     Run,
     RunStatus,
     Step,
@@ -30,9 +29,8 @@ from .record import add_cost, record_event, task_totals
 log = logging.getLogger(__name__)
 
 
-def finish_run(run: Run, root: Decision) -> None:
-    last = root.steps.order_by("-index").first()
-    assert last is not None
+def finish_run(run: Run, *, last: Step) -> None:
+    """The run succeeded: its answer is its plan's last step's response."""
     final = last.response
     task = run.task
     score: float | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -17,6 +18,7 @@ from django.db import connection, transaction
 from django.db.models import F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
+from audit import policies
 from audit.services import ENGINE, event_record
 
 from .. import live, log_context
@@ -47,19 +49,30 @@ class RunStopped(Exception):
         self.stop_reason = stop_reason
 
 
+@dataclass(frozen=True)
+class Fence:
+    spent: Decimal  # the run's spend, the cost just added included
+    rules_stamp: str  # the policy rules' stamp, when asked for (audit.policies.rules_as_of)
+
+
 @contextmanager
 def fenced_write(
-    run: Run, *, cost: Decimal = Decimal(0), input_tokens: int = 0, output_tokens: int = 0
-) -> Iterator[Decimal]:
+    run: Run,
+    *,
+    cost: Decimal = Decimal(0),
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    rules: bool = False,
+) -> Iterator[Fence]:
     """A write transaction of the engine, fenced in its first statement: the run row is locked, its
     heartbeat beaten, a cost added to its totals, and the claim checked (`fence`). Yields what the run
-    has spent so far (this cost included), for budget checks. The events recorded inside it do not
-    fence again."""
+    has spent so far (this cost included), for budget checks, and with `rules` the policy rules' stamp.
+    The events recorded inside it do not fence again."""
     with transaction.atomic():
-        spent = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens)
+        fenced = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules)
         run._fenced = True  # type: ignore[attr-defined]
         try:
-            yield spent
+            yield fenced
         finally:
             run._fenced = False  # type: ignore[attr-defined]
 
@@ -109,25 +122,33 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
     )
 
 
-def fence(run: Run, *, cost: Decimal = Decimal(0), input_tokens: int = 0, output_tokens: int = 0) -> Decimal:
+def fence(
+    run: Run,
+    *,
+    cost: Decimal = Decimal(0),
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    rules: bool = False,
+) -> Fence:
     """Inside a write transaction: lock the run row and check that this process's claim is current.
-    One statement, which also beats the run's heartbeat (a write is a sign of life) and adds a cost to
-    the run's totals. Returns what the run has spent."""
+    One statement, which also beats the run's heartbeat (a write is a sign of life), adds a cost to
+    the run's totals, and (`rules`) reads the policy rules' stamp. Returns the spend and the stamp."""
+    stamp = policies.RULES_STAMP_SQL if rules else "NULL"
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE routing_run SET heartbeat_at = %s, cost_usd = cost_usd + %s, "
+            "UPDATE routing_run SET heartbeat_at = %s, cost_usd = cost_usd + %s, "  # noqa: S608 - no data in it
             "input_tokens = input_tokens + %s, output_tokens = output_tokens + %s "
-            "WHERE id = %s RETURNING claim_epoch, cost_usd",
+            f"WHERE id = %s RETURNING claim_epoch, cost_usd, {stamp}",
             [timezone.now(), cost, input_tokens, output_tokens, run.pk],
         )
         row = cursor.fetchone()
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
-    return row[1]
+    return Fence(spent=row[1], rules_stamp=row[2] or "")
 
 
 def claim_current(run: Run) -> None:

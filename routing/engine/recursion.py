@@ -47,12 +47,10 @@ def execute_conductor_step(run: Run, step: Step) -> None:
         _step_passed_through(run, step, note="the conductor passed the last response through")
         return
     try:
-        schedule.execute_plan(run, child)
+        last = schedule.execute_plan(run, child)
     except RunStopped as stop:
         step_failed(run, step, str(stop))
         raise
-    last = child.steps.order_by("-index").first()
-    assert last is not None
     _step_answered(run, step, response=last.response, note=f"answered by nested plan (decision {child.pk})")
 
 

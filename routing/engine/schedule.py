@@ -40,8 +40,9 @@ from .recursion import execute_conductor_step
 log = logging.getLogger(__name__)
 
 
-def execute_plan(run: Run, decision: Decision) -> None:
-    """Run the plan's steps; independent steps run concurrently. Raises RunStopped on failure."""
+def execute_plan(run: Run, decision: Decision) -> Step:
+    """Run the plan's steps; independent steps run concurrently. Returns the last step (its response
+    is the plan's answer). Raises RunStopped on failure."""
     steps = {s.index: s for s in decision.steps.select_related("worker")}
     done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
     busy: set[int] = set()
@@ -101,6 +102,7 @@ def execute_plan(run: Run, decision: Decision) -> None:
             raise first_error
     if len(done) != len(steps):  # pragma: no cover - the schedule above always reaches every step
         raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
+    return steps[max(steps)]
 
 
 def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:

@@ -155,22 +155,32 @@ def test_a_rule_enabled_while_the_conductor_answers_blocks_the_plan_it_answered(
     assert not server.requests_for("gamma")
 
 
-def test_a_rule_created_between_planning_and_the_call_stops_the_step_before_the_call(live_pool):
+@pytest.mark.parametrize("how", ["created", "enabled by SQL"])
+def test_a_rule_created_between_planning_and_the_call_stops_the_step_before_the_call(live_pool, how):
+    """However a rule changes (the admin, or SQL that moves no timestamp), the next call sees it: the
+    engine reads the rules' stamp with each step's fence and the rules again when it moved."""
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("gamma", "Finish", "all")))])
 
     def alpha(body: dict) -> Reply:
         # An admin adds a rule while step 0 runs: step 1 was planned and checked before it existed.
         try:
-            PolicyRule.objects.create(
-                name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"]
-            )
+            if how == "created":
+                PolicyRule.objects.create(
+                    name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"]
+                )
+            else:
+                PolicyRule.objects.filter(name="no-globex").update(enabled=True)
         finally:
             connection.close()
         return Reply("draft")
 
     server.program("alpha", alpha)
     server.program("gamma", [Reply("must not be called")])
+    if how != "created":
+        PolicyRule.objects.create(
+            name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"], enabled=False
+        )
 
     run = run_now(submit())
 
