@@ -201,6 +201,8 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     def on_fold(done: int, total: int) -> None:
         if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
             raise Cancelled
+        if done % folds == 0:
+            _log(job, f"cross-validated {done // folds} of {len(penalties)} cost penalties")
 
     fit = sweep(
         actions,
@@ -213,7 +215,8 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     )
     gate_policy(policy, items, fit)
     fallback = {k: actions[i].name for k, i in policy.fallback.items()}
-    _log(job, f"frontier (cross-validated): {fit.summary()['points']}; falls back to {fallback or 'nothing'}")
+    on_frontier = ", ".join(f"{p.cost_penalty_per_usd:g}" for p in fit.frontier)
+    _log(job, f"frontier (cross-validated): penalties {on_frontier}; falls back to {fallback or 'nothing'}")
     first, last = curve[0], curve[-1]
     path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)

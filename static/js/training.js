@@ -198,11 +198,12 @@
     const f = JSON.parse(frontierData.textContent);
     const usd = (v) => "$" + Number(v).toFixed(2) + " per 1,000 tasks";
     const best = f.points.filter((p) => p.on_frontier).sort((a, b) => a.usd_per_1000 - b.usd_per_1000);
+    const off = f.points.filter((p) => !p.on_frontier);
     Charts.plot(frontierChart, [
       { type: "scatter", mode: "markers", name: "fixed workflows", x: f.fixed.map((p) => p.usd_per_1000), y: f.fixed.map((p) => p.accuracy),
         marker: { size: 7, color: "#8a93a3" }, hovertext: f.fixed.map((p) => Charts.text(p.workflow) + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
-      { type: "scatter", mode: "markers", name: "learned (off the frontier)", x: f.points.map((p) => p.usd_per_1000), y: f.points.map((p) => p.accuracy),
-        marker: { size: 7, color: "#f2a7a8" }, hovertext: f.points.map((p) => "penalty " + p.cost_penalty_per_usd + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
+      { type: "scatter", mode: "markers", name: "learned (off the frontier)", x: off.map((p) => p.usd_per_1000), y: off.map((p) => p.accuracy),
+        marker: { size: 7, color: "#f2a7a8" }, hovertext: off.map((p) => "penalty " + p.cost_penalty_per_usd + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
       { type: "scatter", mode: "lines+markers+text", name: "learned frontier", x: best.map((p) => p.usd_per_1000), y: best.map((p) => p.accuracy),
         text: best.map((p) => "λ=" + p.cost_penalty_per_usd), textposition: "top left", line: { color: "#d62728" }, marker: { size: 10, color: "#d62728", symbol: "star" },
         hovertext: best.map((p) => "penalty " + p.cost_penalty_per_usd + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
