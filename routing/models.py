@@ -565,11 +565,14 @@ class TaskExposure(models.Model):
 
 
 class OpsRollup(models.Model):
-    """The live overview's history over a day or a week: per half hour (UTC) of finishing, runs by
-    kind, and provider calls by worker and status, with their cost and, for succeeded calls, a
-    latency histogram (`latency_bucket`: routing.rollups.LATENCY_BOUNDS_MS). Written as runs finish
-    (routing.rollups)."""
+    """The live overview's history over a day or a week: per slot of finishing (half hours for the
+    day, four hours for the week, UTC), runs by kind, and provider calls by worker and status, with
+    their cost and, for succeeded calls, a latency histogram (`latency_bucket`:
+    routing.rollups.LATENCY_BOUNDS_MS). Written as runs finish (routing.rollups)."""
 
+    span_min = models.PositiveSmallIntegerField(
+        default=30, help_text="the slot's width in minutes (routing.rollups.OPS_SPANS)"
+    )
     slot = models.DateTimeField()
     series = models.CharField(max_length=4)  # "run" or "call"
     run_kind = models.CharField(max_length=12)
@@ -584,10 +587,10 @@ class OpsRollup(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["slot", "series", "run_kind", "worker_slug", "status", "latency_bucket"],
+                fields=["span_min", "slot", "series", "run_kind", "worker_slug", "status", "latency_bucket"],
                 name="ops_rollup_key",
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.n} {self.series}s in the half hour of {self.slot:%Y-%m-%d %H:%M}"
+        return f"{self.n} {self.series}s in the {self.span_min} minutes from {self.slot:%Y-%m-%d %H:%M}"

@@ -201,7 +201,8 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
     """Runs finished by what they were for, provider errors by kind (a share of calls), p50 and p95
     call latency per worker, and spend per minute, in buckets that fit the period. The last hour is
     read from the rows, to the minute and with the runs in flight; a day or a week from the rollups
-    of finished runs (routing.rollups: half hours, latency percentiles from a histogram)."""
+    of finished runs (routing.rollups: half hours for a day, four hours for a week, latency
+    percentiles from a histogram)."""
     length, stride = PERIODS[period]
     now = now or timezone.now()
     # Buckets aligned to their stride (a day's on the half hour, a week's on 4 hours UTC).
@@ -255,7 +256,7 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
             w["p95"][at[row["bucket"]]] = row["p95"]
     else:
         rows = (
-            OpsRollup.objects.filter(slot__gte=origin, slot__lt=end)
+            OpsRollup.objects.filter(span_min=rollups.ops_span(stride), slot__gte=origin, slot__lt=end)
             .order_by()
             .annotate(bucket=DateBin(stride, F("slot"), rollups.SLOT_ORIGIN))
         )

@@ -109,24 +109,34 @@ ON CONFLICT (grain, start, run_kind, conductor, classification, domain, final_wo
 LATENCY_BOUNDS_MS = (0, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 120_000)
 SLOT = timedelta(minutes=30)
 SLOT_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
+# OpsRollup's slot widths (minutes): the day's buckets, and the week's (a week of half hours was 336
+# slots a series to sum at every visit).
+OPS_SPANS = (30, 240)
+
+
+def ops_span(stride: timedelta) -> int:
+    """The widest slot of OpsRollup that a bucket of `stride` is made of."""
+    return max(span for span in OPS_SPANS if stride % timedelta(minutes=span) == timedelta(0))
+
 
 _OPS = """
-INSERT INTO routing_opsrollup (slot, series, run_kind, worker_slug, status, latency_bucket, n, cost_usd)
-SELECT slot, series, run_kind, worker_slug, status, latency_bucket, count(*), sum(cost_usd)
+INSERT INTO routing_opsrollup (span_min, slot, series, run_kind, worker_slug, status, latency_bucket, n, cost_usd)
+SELECT w.span_min, date_bin(make_interval(mins => w.span_min), calls.at, %(origin)s), series, run_kind,
+       worker_slug, status, latency_bucket, count(*), sum(cost_usd)
 FROM (
-    SELECT date_bin(%(slot)s, r.finished_at, %(origin)s) AS slot, 'run' AS series, r.kind AS run_kind,
+    SELECT r.finished_at AS at, 'run' AS series, r.kind AS run_kind,
            '' AS worker_slug, r.status, 0 AS latency_bucket, 0::numeric AS cost_usd
     FROM routing_run r WHERE {runs} AND r.finished_at IS NOT NULL
     UNION ALL
-    SELECT date_bin(%(slot)s, a.finished_at, %(origin)s), 'call', r.kind, s.worker_slug, a.status,
+    SELECT a.finished_at, 'call', r.kind, s.worker_slug, a.status,
            CASE WHEN a.status = 'succeeded' AND a.latency_ms IS NOT NULL
                 THEN width_bucket(a.latency_ms, %(bounds)s::int[]) ELSE 0 END,
            a.cost_usd
     FROM routing_run r JOIN routing_step s ON s.run_id = r.id JOIN routing_attempt a ON a.step_id = s.id
     WHERE {runs} AND a.finished_at IS NOT NULL
-) calls
-GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 1, 2, 3, 4, 5, 6
-ON CONFLICT (slot, series, run_kind, worker_slug, status, latency_bucket) DO UPDATE
+) calls CROSS JOIN unnest(%(spans)s::int[]) AS w(span_min)
+GROUP BY 1, 2, 3, 4, 5, 6, 7 ORDER BY 1, 2, 3, 4, 5, 6, 7
+ON CONFLICT (span_min, slot, series, run_kind, worker_slug, status, latency_bucket) DO UPDATE
     SET n = routing_opsrollup.n + EXCLUDED.n, cost_usd = routing_opsrollup.cost_usd + EXCLUDED.cost_usd
 """
 
@@ -137,7 +147,7 @@ def _add(runs: str, params: dict[str, Any]) -> None:
         cursor.execute(_RUNS.format(runs=runs), {**params, "conductor_slug": CONDUCTOR_SLUG})
         cursor.execute(
             _OPS.format(runs=runs),
-            {**params, "slot": SLOT, "origin": SLOT_ORIGIN, "bounds": list(LATENCY_BOUNDS_MS)},
+            {**params, "spans": list(OPS_SPANS), "origin": SLOT_ORIGIN, "bounds": list(LATENCY_BOUNDS_MS)},
         )
 
 

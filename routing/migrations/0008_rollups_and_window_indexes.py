@@ -5,11 +5,8 @@ from django.db import migrations, models
 
 
 def backfill(apps, schema_editor):
-    """Deployments with history get their rollups from the rows they hold. (It runs today's SQL: a
-    later change to the rollups' tables truncates them and runs it again, in a migration of its own.)"""
-    from routing.rollups import FINISHED, _add
-
-    _add(FINISHED, {})
+    """Deployments with history got their rollups here; the fill now runs in 0009, after the tables'
+    last change (it runs today's SQL, which needs today's columns)."""
 
 
 class Migration(migrations.Migration):

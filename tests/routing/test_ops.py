@@ -12,7 +12,7 @@ import pytest
 
 from audit.models import Role
 from routing import engine, ops, rollups
-from routing.models import Attempt, Run, StopReason, Task
+from routing.models import Attempt, OpsRollup, Run, StopReason, Task
 from routing.services import TaskSubmission, task_submit
 from tests.conftest import clear_queues
 from tests.openai_server import Reply, plan_json
@@ -119,6 +119,10 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
         bucket = bisect.bisect_right(rollups.LATENCY_BOUNDS_MS, exact[-1])  # the slowest call's bucket
         low, high = rollups.LATENCY_BOUNDS_MS[bucket - 1], rollups.LATENCY_BOUNDS_MS[bucket]
         assert low <= p95 <= high, (exact, p95)
+    # A week reads its 4-hour slots, not 48 half hours a day: both are kept, each adding up alone.
+    assert sorted(OpsRollup.objects.values_list("span_min", flat=True).distinct()) == [30, 240]
+    OpsRollup.objects.filter(span_min=30).delete()
+    assert sum(ops.history("week")["calls"]) == attempts.count() and sum(ops.history("day")["calls"]) == 0
 
 
 def test_the_queues_count_what_waits_and_the_overview_says_no_worker_is_alive(live_pool, make_user):
