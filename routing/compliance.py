@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.deletion import ProtectedError
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
@@ -146,8 +146,30 @@ def task_chains(task: Task) -> list[str]:
     return [run_chain(run.correlation_id) for run in task.runs.all()]
 
 
+VIEWS_SHOWN = 20  # the dossier lists a task's latest views; the event log has every one
+
+
 def task_events(task: Task) -> QuerySet[AuditEvent]:
-    return AuditEvent.objects.filter(task_id=task.pk).order_by("id")
+    """What happened to a task, its views apart (`task_views`): every look at the record is an event
+    too, and a task much looked at would bury its own history under them."""
+    return AuditEvent.objects.filter(task_id=task.pk).exclude(action=Action.RECORD_VIEWED).order_by("id")
+
+
+def task_views(task: Task) -> dict[str, Any]:
+    """Who looked at a task's record: each viewer with their count and last look, and the latest views."""
+    views = AuditEvent.objects.filter(task_id=task.pk, action=Action.RECORD_VIEWED)
+    viewers = list(
+        views.order_by()
+        .values("actor_name")
+        .annotate(n=Count("pk"), last=Max("occurred_at"))
+        .order_by("-last")
+    )
+    return {
+        "total": sum(v["n"] for v in viewers),
+        "viewers": viewers,
+        "latest": list(views.order_by("-id")[:VIEWS_SHOWN]),
+        "shown": VIEWS_SHOWN,
+    }
 
 
 def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
@@ -269,6 +291,7 @@ def dossier_context(task: Task) -> dict[str, Any]:
         "runs": runs,
         "exposure": task_exposure(task, runs),
         "events": list(task_events(task)),
+        "views": task_views(task),
         "proof": report,
         "checkpoint": checkpoint_reference(),
         "holds": list(LegalHold.objects.filter(task_id=task.pk).order_by("-placed_at")),

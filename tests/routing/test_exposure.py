@@ -101,6 +101,35 @@ def test_the_dossier_exports_as_a_pdf_and_says_it_was_exported(three_steps):
     assert auditor.get(f"/audit/tasks/{three_steps.pk}/", {"download": "docx"}).status_code == 400
 
 
+def test_the_dossier_folds_views_of_the_record_apart_from_the_tasks_history(three_steps):
+    """Each look at a record is an event; a much-viewed task keeps its history readable (and its
+    dossier's size bounded): viewers are counted, the latest views listed, the rest one link away."""
+    from audit.models import AuditEvent
+
+    auditor, operator = Client(), Client()
+    auditor.force_login(_user("ada", Role.AUDITOR))
+    operator.force_login(_user("olga", Role.OPERATOR))
+    url = f"/audit/tasks/{three_steps.pk}/"
+    for _ in range(compliance.VIEWS_SHOWN + 4):
+        assert auditor.get(url).status_code == 200
+    assert operator.get(f"/tasks/{three_steps.pk}/").status_code == 200
+
+    response = auditor.get(url)
+
+    total = AuditEvent.objects.filter(task_id=three_steps.pk, action="record.viewed").count()
+    assert total == compliance.VIEWS_SHOWN + 6
+    views = response.context["views"]  # the record as it stood when this look began: the views before it
+    seen = total - 1
+    assert views["total"] == seen and len(views["latest"]) == compliance.VIEWS_SHOWN
+    assert {v["actor_name"]: v["n"] for v in views["viewers"]} == {"ada": seen - 1, "olga": 1}
+    assert not [e for e in response.context["events"] if e.action == "record.viewed"]
+    history = AuditEvent.objects.filter(task_id=three_steps.pk).exclude(action="record.viewed").count()
+    assert len(response.context["events"]) == history
+    html = response.content.decode()
+    assert f"Views of this record ({seen})" in html and f"Audit events ({history})" in html
+    assert f"?task={three_steps.pk}&amp;action=record.viewed" in html
+
+
 def test_the_vendors_page_draws_data_class_to_vendor_and_lists_each_bands_tasks(three_steps):
     auditor = Client()
     auditor.force_login(_user("ada", Role.AUDITOR))
