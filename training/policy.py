@@ -33,6 +33,7 @@ import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -396,7 +397,13 @@ def outcome_table(actions: list[Workflow], items: list[Any], scorers: dict[str, 
     )
 
 
-def _sparse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@lru_cache(maxsize=16384)
+def _sparse_features(
+    text: str, kind: str, kinds: tuple[str, ...], feature_set: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """An item's features as (indices, values) of the non-zero ones; cached, because cross-validation
+    trains on the same items many times (about 1 KB an item)."""
+    x = features(text, kind, list(kinds), feature_set)
     nz = np.flatnonzero(x)
     return nz, x[nz]
 
@@ -412,11 +419,9 @@ def train(
     `on_epoch(epoch, mean_reward)` is called after each (a training job's progress; it may raise to stop).
     `table`: outcome_table(policy.actions, items, policy.scorers), when the caller has it already."""
     rng = np.random.default_rng(config.seed)
-    with_kind = [_sparse(policy.featurize(item.task, item.domain)) for item in items]
-    text_only = [
-        _sparse(features(item.task, "", policy.kinds, policy.feature_set)) if policy.kind(item.domain) else xs
-        for item, xs in zip(items, with_kind, strict=True)
-    ]
+    kinds = tuple(policy.kinds)
+    with_kind = [_sparse_features(i.task, policy.kind(i.domain), kinds, policy.feature_set) for i in items]
+    text_only = [_sparse_features(i.task, "", kinds, policy.feature_set) for i in items]
     table = table or outcome_table(policy.actions, items, policy.scorers)
     rewards_of = table.rewards(config.cost_penalty_per_usd)
     history = []
@@ -432,11 +437,12 @@ def train(
             p /= p.sum()
             group = rng.choice(len(policy.actions), size=config.group_size, p=p)
             rewards = rewards_of[index, group].astype(np.float32)
-            total += float(rewards.mean())
+            mean = rewards.sum() / config.group_size
+            total += float(mean)
             # Group-relative advantage without dividing by the group's std (as in Dr. GRPO): on items every
             # worker gets right, the std is tiny and dividing by it would blow pennies of cost up into
             # full-size advantages, teaching "always the cheapest" and nothing else.
-            advantages = rewards - rewards.mean()
+            advantages = rewards - mean
             if not advantages.any():
                 continue  # no signal in a group whose samples all scored the same
             # d log pi(a|x) / d W = x (onehot(a) - p)
