@@ -179,10 +179,19 @@ def _insert_advancing_head(event: AuditEvent, expect: tuple[int, str] | None = N
 
 
 def seal(*, chain: str) -> ChainHead:
-    """Close a run chain; returns its final head, which the caller records in the global chain."""
-    head = _lock_head(chain)
-    # updated_at moves too: the next checkpoint signs the sealed head.
-    ChainHead.objects.filter(chain=chain).update(sealed=True, updated_at=timezone.now())
+    """Close a run chain; returns its final head, which the caller records in the global chain. One
+    statement (which locks the head until the caller's transaction ends) for a chain with events."""
     _HEADS.pop(chain, None)
-    head.sealed = True
-    return head
+    now = timezone.now()  # updated_at moves too: the next checkpoint signs the sealed head
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {ChainHead._meta.db_table} SET sealed = true, updated_at = %s WHERE chain = %s "  # noqa: S608 - a name
+            "RETURNING seq, hash",
+            [now, chain],
+        )
+        row = cursor.fetchone()
+    if row is None:  # no event yet: the head is made, then sealed
+        head = _lock_head(chain)
+        ChainHead.objects.filter(chain=chain).update(sealed=True, updated_at=now)
+        row = (head.seq, head.hash)
+    return ChainHead(chain=chain, seq=row[0], hash=row[1], sealed=True, updated_at=now)

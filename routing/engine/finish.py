@@ -5,6 +5,7 @@ its audit chain; or its failure, with every step left settled.
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -24,7 +25,7 @@ from ..models import (
 from ..scoring import scorers
 from ..scoring.judge import judge
 from ..signals import run_finished
-from .record import add_cost, record_event, task_totals
+from .record import fenced_write, record_event, task_totals
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,13 @@ def finish_run(run: Run, *, last: Step) -> None:
             response=final, reference=task.reference, scorer=task.scorer, domain=task.domain
         )
     now = timezone.now()
-    with transaction.atomic():
+    with fenced_write(
+        run,
+        cost=judged.cost_usd if judged else Decimal(0),
+        input_tokens=judged.input_tokens if judged else 0,
+        output_tokens=judged.output_tokens if judged else 0,
+    ) as fenced:
         if judged is not None:
-            add_cost(
-                run,
-                cost=judged.cost_usd,
-                input_tokens=judged.input_tokens,
-                output_tokens=judged.output_tokens,
-            )
             record_event(run, Action.SCORE_JUDGED, run, judged.audit_payload())
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.SUCCEEDED,
@@ -74,7 +74,11 @@ def finish_run(run: Run, *, last: Step) -> None:
             }
         Task.objects.filter(pk=task.pk).update(**ended, **task_totals())
         _settle_steps(run, now, reason="the run finished without it")
-        totals = Run.objects.filter(pk=run.pk).values("cost_usd", "input_tokens", "output_tokens").get()
+        totals = {
+            "cost_usd": fenced.spent,
+            "input_tokens": fenced.input_tokens,
+            "output_tokens": fenced.output_tokens,
+        }
         record_event(
             run,
             Action.RUN_SUCCEEDED,

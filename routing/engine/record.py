@@ -51,7 +51,9 @@ class RunStopped(Exception):
 
 @dataclass(frozen=True)
 class Fence:
-    spent: Decimal  # the run's spend, the cost just added included
+    spent: Decimal  # the run's totals, the cost just added included
+    input_tokens: int
+    output_tokens: int
     rules_stamp: str  # the policy rules' stamp, when asked for (audit.policies.rules_as_of)
 
 
@@ -141,14 +143,14 @@ def fence(
         cursor.execute(
             "UPDATE routing_run SET heartbeat_at = %s, cost_usd = cost_usd + %s, "  # noqa: S608 - no data in it
             "input_tokens = input_tokens + %s, output_tokens = output_tokens + %s "
-            f"WHERE id = %s RETURNING claim_epoch, cost_usd, {stamp}",
+            f"WHERE id = %s RETURNING claim_epoch, cost_usd, input_tokens, output_tokens, {stamp}",
             [timezone.now(), cost, input_tokens, output_tokens, run.pk],
         )
         row = cursor.fetchone()
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
-    return Fence(spent=row[1], rules_stamp=row[2] or "")
+    return Fence(spent=row[1], input_tokens=row[2], output_tokens=row[3], rules_stamp=row[4] or "")
 
 
 def claim_current(run: Run) -> None:
