@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -33,7 +34,7 @@ from ..models import (
 )
 from ..plans import visible_indices
 from ..providers import Completion, ProviderCallError, complete, worker_api_key
-from .record import RunStopped, claim_current, fenced_write, record_event
+from .record import Fence, RunStopped, claim_current, fenced_write, record_event
 
 log = logging.getLogger(__name__)
 
@@ -154,29 +155,48 @@ def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
             made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
         )
         call = Call(step=step, worker=worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])
-    step.messages_sent = build_messages(step, visible)
-    stopped: RunStopped | None = None
     with fenced_write(run, rules=True) as fenced:
-        verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
-        if not verdict.allowed:
-            message = (
-                f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
-            )
-            mark_failed(run, step, message, note=f"policy {verdict.rule}")
-            stopped = RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
-        elif fenced.spent >= run.task.max_usd:
-            stopped = _budget_reached(run, step, fenced.spent)
-        else:
-            step.status = StepStatus.RUNNING
-            step.started_at = step.started_at or timezone.now()
-            Step.objects.filter(pk=step.pk).update(
-                status=step.status, started_at=step.started_at, messages_sent=step.messages_sent
-            )
-            record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))
-            call.attempt = Attempt.objects.create(step=step, number=call.number, started_at=timezone.now())
+        stopped = _start(run, call, visible, fenced)
     if stopped is not None:
         raise stopped
     return call
+
+
+def starts_with_the_last(step: Step) -> bool:
+    """Whether a step can start in the transaction that records the step before it succeeded (a worker
+    step never started, its worker enabled): the one transaction a step of a sequence costs."""
+    return (
+        not step.is_conductor and step.worker is not None and step.worker.enabled and step.started_at is None
+    )
+
+
+def begin_next(run: Run, step: Step, visible: list[Step], fenced: Fence) -> tuple[Call, RunStopped | None]:
+    """`begin_step` for a step that `starts_with_the_last`, inside that transaction (fenced with the
+    rules' stamp). Returns the call and, when a check said no, why the run stops (raise it after the
+    transaction: the step before it succeeded, and that stays)."""
+    assert step.worker is not None
+    call = Call(step=step, worker=step.worker, number=1, made=0)
+    return call, _start(run, call, visible, fenced)
+
+
+def _start(run: Run, call: Call, visible: list[Step], fenced: Fence) -> RunStopped | None:
+    step, worker = call.step, call.worker
+    step.messages_sent = build_messages(step, visible)
+    verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
+    if not verdict.allowed:
+        message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
+        mark_failed(run, step, message, note=f"policy {verdict.rule}")
+        return RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
+    if fenced.spent >= run.task.max_usd:
+        return _budget_reached(run, step, fenced.spent)
+    step.status = StepStatus.RUNNING
+    step.started_at = step.started_at or timezone.now()
+    Step.objects.filter(pk=step.pk).update(
+        status=step.status, started_at=step.started_at, messages_sent=step.messages_sent
+    )
+    record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))
+    call.attempt = Attempt.objects.create(step=step, number=call.number, started_at=timezone.now())
+    return None
 
 
 def started_payload(run: Run, step: Step, visible: list[Step]) -> dict[str, Any]:
@@ -213,14 +233,17 @@ def _budget_reached(run: Run, step: Step, spent: Decimal) -> RunStopped:
     return RunStopped(message, stop_reason=StopReason.COST_BUDGET)
 
 
-def settle(run: Run, call: Call, sent: Sent) -> bool:
-    """Record an attempt's outcome. True: the step succeeded. False: retry it (after call.delay_s).
-    Raises RunStopped when the step failed for good."""
+def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence], None] | None = None) -> bool:
+    """Record an attempt's outcome. True: the step succeeded (and `then` ran in the same transaction,
+    fenced with the rules' stamp). False: retry it (after call.delay_s). Raises RunStopped when the step
+    failed for good."""
     assert call.attempt is not None
     exc = sent.error
     if exc is None:
         assert sent.completion is not None
-        _attempt_succeeded(run, call.step, call.attempt, sent.completion, latency_ms=sent.latency_ms)
+        _attempt_succeeded(
+            run, call.step, call.attempt, sent.completion, latency_ms=sent.latency_ms, then=then
+        )
         return True
     call.made += 1
     last = not exc.retryable or call.made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
@@ -271,15 +294,26 @@ def _attempt_failed(
 
 
 def _attempt_succeeded(
-    run: Run, step: Step, attempt: Attempt, completion: Completion, *, latency_ms: int
+    run: Run,
+    step: Step,
+    attempt: Attempt,
+    completion: Completion,
+    *,
+    latency_ms: int,
+    then: Callable[[Fence], None] | None = None,
 ) -> None:
-    """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence)."""
+    """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence),
+    then `then` in it."""
     assert step.worker is not None
     cost = step.worker.cost_of(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
     now = timezone.now()
     with fenced_write(
-        run, cost=cost, input_tokens=completion.input_tokens, output_tokens=completion.output_tokens
-    ):
+        run,
+        cost=cost,
+        input_tokens=completion.input_tokens,
+        output_tokens=completion.output_tokens,
+        rules=then is not None,
+    ) as fenced:
         attempt.status = Attempt.Status.SUCCEEDED
         attempt.input_tokens = completion.input_tokens
         attempt.output_tokens = completion.output_tokens
@@ -340,6 +374,8 @@ def _attempt_succeeded(
                 "response_sha256": content_hash(completion.text),
             },
         )
+        if then is not None:
+            then(fenced)
 
 
 def step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:

@@ -3,9 +3,10 @@ concurrently (up to CONDUCTOR_STEP_CONCURRENCY calls in flight).
 
 One thread writes: the engine's, on the run's connection. It starts each ready step (one transaction:
 the step, its first attempt, the event), hands the provider call to a pool thread, which makes it
-and nothing else, and records each outcome as it comes back. A step alone in the DAG at its turn is
-called on the engine's thread itself. A conductor step (a nested plan) runs on the engine's thread
-while its siblings' calls are in flight.
+and nothing else, and records each outcome as it comes back. In a sequence, the step a success makes
+ready starts in the transaction that records that success: a step of a sequence costs one transaction
+after its call. A step alone in the DAG at its turn is called on the engine's thread itself. A
+conductor step (a nested plan) runs on the engine's thread while its siblings' calls are in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -26,6 +28,7 @@ from ..models import Decision, Run, Step, StepStatus, StopReason
 from .calls import (
     Call,
     Sent,
+    begin_next,
     begin_retry,
     begin_step,
     call_metadata,
@@ -33,8 +36,9 @@ from .calls import (
     send,
     settle,
     started_payload,
+    starts_with_the_last,
 )
-from .record import RunStopped, fenced_write, record_event
+from .record import Fence, RunStopped, fenced_write, record_event
 from .recursion import execute_conductor_step
 
 log = logging.getLogger(__name__)
@@ -87,9 +91,20 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                 outcome = future.result()
                 try:
                     if isinstance(outcome, Sent):
-                        if settle(run, call, outcome):
+                        # A sequence: the one step whose turn this success makes starts in its transaction.
+                        follower = _follower(steps, done | {call.step.index}, busy) if not pending else None
+                        begun: list[tuple[Call, RunStopped | None]] = []
+                        then = None
+                        if follower is not None and first_error is None:
+                            then = partial(_begin_follower, run, steps, follower, begun)
+                        if settle(run, call, outcome, then=then):
                             done.add(call.step.index)
                             busy.discard(call.step.index)
+                            for follow, stopped in begun:
+                                if stopped is not None:
+                                    raise stopped
+                                busy.add(follow.step.index)
+                                pending[start(send, follow, call_metadata(run))] = follow
                         else:
                             pending[start(time.sleep, call.delay_s)] = call  # back off, then try again
                     elif first_error is None:  # its backoff is over: the next attempt
@@ -112,6 +127,24 @@ def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:
         for index, step in sorted(steps.items(), key=lambda kv: (kv[1].is_conductor, kv[0]))
         if index not in done and index not in busy and all(dep in done for dep in dependencies(step))
     ]
+
+
+def _follower(steps: dict[int, Step], done: set[int], busy: set[int]) -> Step | None:
+    """The step to start with the last one's success: the only one ready, if it `starts_with_the_last`."""
+    ready = _ready(steps, done, busy - done)
+    if len(ready) == 1 and starts_with_the_last(steps[ready[0]]):
+        return steps[ready[0]]
+    return None
+
+
+def _begin_follower(
+    run: Run,
+    steps: dict[int, Step],
+    follower: Step,
+    begun: list[tuple[Call, RunStopped | None]],
+    fenced: Fence,
+) -> None:
+    begun.append(begin_next(run, follower, [steps[i] for i in dependencies(follower)], fenced))
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
