@@ -66,8 +66,8 @@ def fenced_write(
     output_tokens: int = 0,
     rules: bool = False,
 ) -> Iterator[Fence]:
-    """A write transaction of the engine, fenced in its first statement: the run row is locked, its
-    heartbeat beaten, a cost added to its totals, and the claim checked (`fence`). Yields what the run
+    """A write transaction of the engine, fenced in its first statement: the run row is locked, a cost
+    added to its totals, and the claim checked (`fence`). Yields what the run
     has spent so far (this cost included), for budget checks, and with `rules` the policy rules' stamp.
     The events recorded inside it do not fence again."""
     with transaction.atomic():
@@ -133,19 +133,27 @@ def fence(
     rules: bool = False,
 ) -> Fence:
     """Inside a write transaction: lock the run row and check that this process's claim is current.
-    One statement, which also beats the run's heartbeat (a write is a sign of life), adds a cost to
-    the run's totals, and (`rules`) reads the policy rules' stamp. Returns the spend and the stamp."""
+    One statement, which also adds a cost to the run's totals and (`rules`) reads the policy rules'
+    stamp. Returns the totals and the stamp.
+
+    It does not beat the run's heartbeat (the keeper does, on the lock's connection): heartbeat_at is
+    indexed, so an UPDATE of it writes a new version of the row into each of the run's indexes, and a
+    step's fences did that several times over. A fence with no cost only locks the row; one with a
+    cost changes columns no index holds (PostgreSQL can update it in place: HOT)."""
     stamp = policies.RULES_STAMP_SQL if rules else "NULL"
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
+    returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamp}"
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE routing_run SET heartbeat_at = %s, cost_usd = cost_usd + %s, "  # noqa: S608 - no data in it
-            "input_tokens = input_tokens + %s, output_tokens = output_tokens + %s "
-            f"WHERE id = %s RETURNING claim_epoch, cost_usd, input_tokens, output_tokens, {stamp}",
-            [timezone.now(), cost, input_tokens, output_tokens, run.pk],
-        )
+        if cost or input_tokens or output_tokens:
+            cursor.execute(
+                "UPDATE routing_run SET cost_usd = cost_usd + %s, input_tokens = input_tokens + %s, "  # noqa: S608 - no data in it
+                f"output_tokens = output_tokens + %s WHERE id = %s RETURNING {returning}",
+                [cost, input_tokens, output_tokens, run.pk],
+            )
+        else:
+            cursor.execute(f"SELECT {returning} FROM routing_run WHERE id = %s FOR UPDATE", [run.pk])  # noqa: S608
         row = cursor.fetchone()
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
