@@ -18,6 +18,11 @@ the figures are orchestration and persistence alone.
 Rounds interleave the two (the order alternating); each prints ms per step and the ratio
 engine / LangGraph, wall time and this process's CPU time. Submitting the engine's tasks (one
 transaction each) is outside the timing, as LangGraph's thread creation is.
+
+With `--celery` the engine's runs go the way production's do: submitted (inside the timing: the
+submission, its broker message and the worker's pickup are the path), executed by a real Celery
+worker with one process, and timed to the last answer. LangGraph runs in this process as before
+(it has no queue of its own); the CPU ratio is then not comparable and is left out.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -52,10 +59,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--write", action="store_true", help="write the figures to docs/benchmarks.md")
+    parser.add_argument(
+        "--celery", action="store_true", help="the engine's runs through a real Celery worker"
+    )
     args = parser.parse_args()
 
     prefix = f"bench-lg-{uuid.uuid4().hex[:8]}-"
-    os.environ["CONDUCTOR_QUEUE_PREFIX"] = prefix  # the engine's submissions go to a queue nobody reads
+    # In-process, the engine's submissions go to a queue nobody reads; with --celery, to its worker's.
+    os.environ["CONDUCTOR_QUEUE_PREFIX"] = prefix
     os.environ["CONDUCTOR_REPLAY_LATENCY_S"] = "0"
     os.environ.setdefault("LOG_LEVEL", "WARNING")
 
@@ -143,6 +154,8 @@ def main() -> None:
         return time.perf_counter() - started, time.process_time() - cpu, steps
 
     def run_engine(batch: list[replay.ReplayItem], n: int) -> tuple[float, float, int]:
+        if args.celery:
+            return run_engine_celery(batch, n)
         runs = []
         for i, item in enumerate(batch):
             task, _ = task_submit(
@@ -156,35 +169,68 @@ def main() -> None:
         elapsed, used = time.perf_counter() - started, time.process_time() - cpu
         return elapsed, used, Step.objects.filter(run_id__in=runs).count()
 
-    rows: list[dict[str, Any]] = []
-    with PostgresSaver.from_conn_string(settings.DATABASE_URL) as saver:
-        saver.setup()
-        graph = builder.compile(checkpointer=saver)
-        run_langgraph(items[:3], graph)  # warm-up, both sides: imports, the replay index, litellm
-        run_engine(items[3:6], 0)
-        for r in range(args.rounds):
-            batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
-            order = ("engine", "langgraph") if r % 2 == 0 else ("langgraph", "engine")
-            figures = {}
-            for side in order:
-                wall, cpu, steps = (
-                    run_engine(batch, r + 1) if side == "engine" else run_langgraph(batch, graph)
-                )
-                figures[side] = {
-                    "ms_per_step": 1000 * wall / steps,
-                    "cpu_ms_per_step": 1000 * cpu / steps,
-                    "steps": steps,
+    def run_engine_celery(batch: list[replay.ReplayItem], n: int) -> tuple[float, float, int]:
+        started, cpu = time.perf_counter(), time.process_time()
+        tasks = [
+            task_submit(
+                submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
+                source=Task.Source.CLI,
+            )[0].pk
+            for i, item in enumerate(batch)
+        ]
+        deadline = time.monotonic() + 600
+        while Task.objects.filter(pk__in=tasks).exclude(status__in=["succeeded", "failed"]).exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("the Celery worker did not finish the batch in 10 minutes")
+            time.sleep(0.005)
+        elapsed, used = time.perf_counter() - started, time.process_time() - cpu
+        return elapsed, used, Step.objects.filter(run__task_id__in=tasks).count()
+
+    worker = None
+    if args.celery:
+        from conductor_web.celery import worker_command
+
+        worker = subprocess.Popen(
+            worker_command(concurrency=1, loglevel="WARNING", quiet=True),
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": settings.DATABASE_URL, "REDIS_URL": settings.REDIS_URL},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    try:
+        rows: list[dict[str, Any]] = []
+        with PostgresSaver.from_conn_string(settings.DATABASE_URL) as saver:
+            saver.setup()
+            graph = builder.compile(checkpointer=saver)
+            run_langgraph(items[:3], graph)  # warm-up, both sides: imports, the replay index, litellm
+            run_engine(items[3:6], 0)
+            for r in range(args.rounds):
+                batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
+                order = ("engine", "langgraph") if r % 2 == 0 else ("langgraph", "engine")
+                figures = {}
+                for side in order:
+                    wall, cpu, steps = (
+                        run_engine(batch, r + 1) if side == "engine" else run_langgraph(batch, graph)
+                    )
+                    figures[side] = {
+                        "ms_per_step": 1000 * wall / steps,
+                        "cpu_ms_per_step": 1000 * cpu / steps,
+                        "steps": steps,
+                    }
+                row = {
+                    "round": r + 1,
+                    **{f"{side}_{k}": round(v, 2) for side, f in figures.items() for k, v in f.items()},
+                    "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
+                    "cpu_ratio": round(
+                        figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
+                    ),
                 }
-            row = {
-                "round": r + 1,
-                **{f"{side}_{k}": round(v, 2) for side, f in figures.items() for k, v in f.items()},
-                "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
-                "cpu_ratio": round(
-                    figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
-                ),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
     summary = {
         "figure": "engine_vs_langgraph",
         "tasks_per_round": args.tasks,
@@ -193,11 +239,31 @@ def main() -> None:
         "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
         "ratio_median": statistics.median(r["ratio"] for r in rows),
         "ratio_min": min(r["ratio"] for r in rows),
-        "cpu_ratio_median": statistics.median(r["cpu_ratio"] for r in rows),
+        "cpu_ratio_median": None if args.celery else statistics.median(r["cpu_ratio"] for r in rows),
+        "engine_through": "a Celery worker (1 process)" if args.celery else "this process",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     print(json.dumps(summary))
-    if args.write:
+    if args.write and args.celery:
+        write_section(
+            "langgraph-celery",
+            f"""## The engine through a Celery worker against LangGraph, per step
+
+Command: `python -m bench.engine_vs_langgraph --celery --tasks {args.tasks} --rounds {args.rounds}` on
+{summary["machine"]}, embedded PostgreSQL and Redis. The engine's runs are submitted and executed by a
+real Celery worker with one process (submission, broker and pickup included); LangGraph runs in the
+benchmark's process as in the section above.
+
+| round | engine ms/step (Celery) | LangGraph ms/step | ratio (wall) |
+|---|---|---|---|
+"""
+            + "\n".join(
+                f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} |"
+                for r in rows
+            )
+            + f"\n\nMedian ratio {summary['ratio_median']}.",
+        )
+    elif args.write:
         table = "\n".join(
             f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | {r['cpu_ratio']} |"
             for r in rows
