@@ -2,6 +2,7 @@
 dataset build, and the streamed audit export.
 
     CONDUCTOR_VAR_DIR=/tmp/bench-throughput python -m bench.throughput --samples 160000 --events 1000000
+    CONDUCTOR_VAR_DIR=/tmp/bench-throughput python -m bench.throughput --grpo-only --samples 160000
 
 Runs against a private database (the embedded one when DATABASE_URL is unset). Decisions: a learned
 conductor is trained on the replay data (`train_conductor`), then replay tasks run through the engine
@@ -270,18 +271,21 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8, help="samples per item (the GRPO group)")
     parser.add_argument("--samples", type=int, nargs="+", default=[20_000, 160_000])
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--grpo-only", action="store_true", help="only the rollouts and the GRPO builds")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    if args.grpo_only and args.write:
+        parser.error("--write needs every figure: leave out --grpo-only")
 
     call_command("migrate", verbosity=0)
     call_command("load_replay_pool", verbosity=0)
     version = learned_version()
-    decided = decisions(version, args.decision_tasks, args.repeat)
+    decided = {} if args.grpo_only else decisions(version, args.decision_tasks, args.repeat)
     builds = []
     for n in args.samples:
         batch_id = rollouts(version, items=args.items, k=args.k, samples=n)
         builds.append(grpo(batch_id, f"bench-{n}"))
-    exported = export(args.events)
+    exported = [] if args.grpo_only else export(args.events)
 
     if args.write:
         lines = [

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import datasets
+import pyarrow.parquet as pq
 import pytest
 
 from audit.models import AuditEvent, Role
@@ -99,6 +100,12 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     assert row["parsed"] == [True, True, False]
     as_json = datasets.load_dataset("json", data_files={"train": str(files["train.jsonl"])})["train"]
     assert as_json[0]["rewards"] == row["rewards"] and as_json.column_names == loaded.column_names
+    # The files are written column by column with each pool's prompt encoded once: each line is what
+    # json.dumps writes for it, the prompt is the conductor's, and Parquet holds the same rows.
+    lines = files["train.jsonl"].read_text(encoding="utf-8").splitlines(keepends=True)
+    assert [json.dumps(json.loads(line), ensure_ascii=False) + "\n" for line in lines] == lines
+    assert json.loads(lines[0])["prompt"] == datasets_service.conductor_prompt(task)
+    assert pq.read_table(files["train.parquet"]).to_pylist() == [json.loads(line) for line in lines]
 
     manifest = json.loads(files["manifest.json"].read_text())
     digest = hashlib.sha256(
@@ -172,6 +179,30 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
         "parquet", data_files={"train": str(dataset_files(again)["train.parquet"])}
     )
     assert loaded["train"].num_rows == built.counts["train"]
+
+
+def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monkeypatch):
+    """Prompts are built once per pool and shape, the task's text put in its place; where the text
+    lands anywhere but in the last message, each prompt is built on its own."""
+    shape = {"domain": "math", "classification": "public", "max_steps": 4, "max_depth": 1}
+    texts = ['He said "héllo"\n\tthen ✓', datasets_service._Prompts.MARK, "", "{}\\ \u2028 \x01"]
+    prompts = datasets_service._Prompts()
+    for text in texts:
+        expected = datasets_service.conductor_prompt(Task(text=text, **shape))
+        assert prompts.of(text, **shape) == (expected, json.dumps(expected, ensure_ascii=False))
+
+    original = datasets_service.conductor_prompt
+
+    def text_twice(task, pools=None):  # a prompt that also quotes the task in its system message
+        messages = original(task, pools)
+        messages[0] = {"role": "system", "content": messages[0]["content"] + task.text}
+        return messages
+
+    monkeypatch.setattr(datasets_service, "conductor_prompt", text_twice)
+    prompts = datasets_service._Prompts()
+    for text in texts:
+        expected = text_twice(Task(text=text, **shape))
+        assert prompts.of(text, **shape) == (expected, json.dumps(expected, ensure_ascii=False))
 
 
 def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):

@@ -7,14 +7,27 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, Max, OuterRef, QuerySet, Subquery
+from django.db.models import (
+    BooleanField,
+    Exists,
+    ExpressionWrapper,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+)
+from django.db.models.functions import Cast
 
 from audit.actions import Action
 from audit.services import Actor, event_record
@@ -162,10 +175,10 @@ def dataset_build(
                 reward_config=reward_config.as_dict(),
                 counts=counts,
                 content_hash=files.content_hash(),
-                source_run_ids=sorted(built.run_ids),
                 path=str(relative),
                 created_by=user_of(user),
             )
+            dataset.source_run_ids = _source_runs_save(dataset, built.run_ids)
             (directory / "manifest.json").write_text(json.dumps(_manifest(dataset), indent=2, default=str))
             event_record(
                 actor=actor,
@@ -187,7 +200,20 @@ def dataset_build(
     return dataset
 
 
-BATCH = 2000  # rollouts per fetch, and groups per write: memory stays flat whatever the dataset's size
+def _source_runs_save(dataset: Dataset, run_ids: list[int]) -> list[int]:
+    """Store the dataset's run ids, sorted, as one array literal (a build may have hundreds of
+    thousands: the ORM would prepare each id on its own)."""
+    ordered = sorted(run_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE training_dataset SET source_run_ids = %s::bigint[] WHERE id = %s",
+            ["{" + ",".join(map(str, ordered)) + "}", dataset.pk],
+        )
+    return ordered
+
+
+BATCH = 250  # groups per write (a group is some 20 KB of JSON with 8 samples): memory stays flat
+FETCH = 2000  # rollout rows per round trip
 
 
 @dataclass
@@ -200,6 +226,47 @@ class _Built:
     run_ids: list[int] = field(default_factory=list)
 
 
+_json = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(x, ensure_ascii=False), one encoder
+
+
+class _Prompts:
+    """Each group's conductor prompt and its JSON. The messages differ between tasks only in the task's
+    text, in the last message: they are built once per domain, data class and step and depth limits (by
+    `conductor_prompt` itself, for a marker text) and the text is put in its place; the messages
+    before it are encoded once."""
+
+    MARK = "\x00task text\x00"
+
+    def __init__(self) -> None:
+        self._pools: dict[str, list[Any]] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[list[dict[str, str]], str, str, str, str] | None] = {}
+
+    def of(self, text: str, **shape: Any) -> tuple[list[dict[str, str]], str]:
+        """The messages for a task's text and `shape` (its domain, classification, max_steps and
+        max_depth), and their JSON as json.dumps writes it (ensure_ascii=False)."""
+        key = tuple(shape.values())
+        if key not in self._shapes:
+            self._shapes[key] = self._template(**shape)
+        template = self._shapes[key]
+        if template is None:  # the text is not simply placed in the last message: build each prompt
+            messages = conductor_prompt(Task(text=text, **shape), self._pools)
+            return messages, _json(messages)
+        before, before_json, role, head, tail = template
+        last = {"role": role, "content": head + text + tail}
+        return before + [last], before_json + _json(last) + "]"
+
+    def _template(self, **shape: Any) -> tuple[list[dict[str, str]], str, str, str, str] | None:
+        messages = conductor_prompt(Task(text=self.MARK, **shape), self._pools)
+        *before, last = messages
+        if set(last) != {"role", "content"} or json.dumps(messages).count(json.dumps(self.MARK)[1:-1]) != 1:
+            return None  # the marker is elsewhere too, or changed on its way
+        if self.MARK not in last["content"]:
+            return None
+        head, tail = last["content"].split(self.MARK)
+        before_json = _json(before)[:-1] + (", " if before else "")
+        return before, before_json, last["role"], head, tail
+
+
 def _stream_groups(
     rollouts: QuerySet[Rollout],
     files: _Files,
@@ -208,92 +275,105 @@ def _stream_groups(
     min_group_size: int,
     validation: float,
 ) -> _Built:
-    """One pass over the rollouts in item order: each item's samples are a group, rewarded and written
-    as soon as the next item begins."""
+    """One pass over the rollouts in item order: each item's samples are a group, rewarded as soon as
+    the next item begins, and written BATCH groups at a time (their tasks read in one query). Rewards
+    and advantages are computed once per distinct input."""
     last_plan = Decision.objects.filter(run_id=OuterRef("run_id"), depth=0).order_by("-attempt", "-id")
     rows = (
         rollouts.order_by("item", "run_id")
-        .values_list(
-            "item",
-            "run_id",
-            "run__score",
-            "run__cost_usd",
-            "task_id",
-            "task__text",
-            "task__domain",
-            "task__reference",
-            "task__scorer",
-            "task__classification",
-            "task__max_steps",
-            "task__max_depth",
+        .annotate(
+            cost_text=Cast("run__cost_usd", TextField()),
+            referenced=ExpressionWrapper(~Q(task__reference=""), output_field=BooleanField()),
         )
+        .values_list("item", "run_id", "run__score", "cost_text", "task_id", "referenced")
         .annotate(
             plan=Subquery(last_plan.values("raw_output")[:1]),
             parsed=Exists(Decision.objects.filter(run_id=OuterRef("run_id"), depth=0, valid=True)),
         )
-        .iterator(chunk_size=BATCH)
+        .iterator(chunk_size=FETCH)
     )
     built = _Built()
-    pools: dict[str, list[Any]] = {}
+    prompts = _Prompts()
+    rewards: dict[tuple[Any, ...], tuple[float, str]] = {}
+    advantages: dict[tuple[float, ...], list[float]] = {}
+    kept: list[tuple[list[tuple[Any, ...]], list[tuple[float, str]]]] = []
 
-    def flush(members: list[tuple[Any, ...]]) -> None:
-        graded = []
+    def group(members: list[tuple[Any, ...]]) -> None:
+        samples, earned = [], []
         for row in members:
-            earned = reward_of(parsed=row[13], correct=row[2], cost_usd=row[3], config=config)
-            if earned.parsed and earned.correct is None and row[7]:
+            _, _, correct, cost, _, referenced, _, parsed = row
+            if parsed and correct is None and referenced:
                 built.ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward
                 continue
-            graded.append((row, earned))
-        if not graded:
+            key = (parsed, correct, cost)
+            if key not in rewards:
+                reward = reward_of(parsed=parsed, correct=correct, cost_usd=Decimal(cost), config=config)
+                rewards[key] = (reward.reward, str(reward.cost_usd))
+            samples.append(row)
+            earned.append(rewards[key])
+        if not samples:
             return
         built.groups += 1
-        if len(graded) < min_group_size:
-            return
-        first = graded[0][0]
-        task = Task(
-            pk=first[4],
-            text=first[5],
-            domain=first[6],
-            reference=first[7],
-            scorer=first[8],
-            classification=first[9],
-            max_steps=first[10],
-            max_depth=first[11],
-        )
-        values = [earned.reward for _, earned in graded]
-        ids = [row[1] for row, _ in graded]
-        built.kept += 1
-        spread = max(values) - min(values)
-        built.with_signal += spread > 1e-9
-        built.spread_sum += spread
-        built.run_ids += ids
-        files.add(
-            _split_of(first[0], validation),
-            {
-                "prompt": conductor_prompt(task, pools),
-                "item": first[0],
-                "task_id": str(task.pk),
-                "domain": task.domain,
-                "reference": task.reference,
-                "scorer": task.scorer,
-                "group_completions": [row[12] or "" for row, _ in graded],
-                "rewards": values,
-                "advantages": group_advantages(values),
-                "scores": [earned.correct for _, earned in graded],
-                "parsed": [earned.parsed for _, earned in graded],
-                "costs_usd": [str(earned.cost_usd) for _, earned in graded],
-                "run_ids": ids,
-            },
-        )
+        if len(samples) >= min_group_size:
+            kept.append((samples, earned))
+        if len(kept) >= BATCH:
+            write()
+
+    def write() -> None:
+        tasks = {
+            row[0]: row
+            for row in Task.objects.filter(pk__in={samples[0][4] for samples, _ in kept}).values_list(
+                "pk", "text", "domain", "reference", "scorer", "classification", "max_steps", "max_depth"
+            )
+        }
+        for samples, earned in kept:
+            item, task_id = samples[0][0], samples[0][4]
+            _, text, domain, reference, scorer, classification, max_steps, max_depth = tasks[task_id]
+            values = tuple(reward for reward, _ in earned)
+            if values not in advantages:
+                advantages[values] = group_advantages(list(values))
+            ids = [row[1] for row in samples]
+            built.kept += 1
+            spread = max(values) - min(values)
+            built.with_signal += spread > 1e-9
+            built.spread_sum += spread
+            built.run_ids += ids
+            messages, prompt_json = prompts.of(
+                text, domain=domain, classification=classification, max_steps=max_steps, max_depth=max_depth
+            )
+            files.add(
+                _split_of(item, validation),
+                _Group(
+                    prompt=messages,
+                    prompt_json=prompt_json,
+                    columns={
+                        "item": item,
+                        "task_id": str(task_id),
+                        "domain": domain,
+                        "reference": reference,
+                        "scorer": scorer,
+                        "group_completions": [row[6] or "" for row in samples],
+                        "rewards": list(values),
+                        "advantages": advantages[values],
+                        "scores": [row[2] for row in samples],
+                        "parsed": [row[7] for row in samples],
+                        "costs_usd": [cost for _, cost in earned],
+                        "run_ids": ids,
+                    },
+                ),
+            )
+        kept.clear()
 
     members: list[tuple[Any, ...]] = []
     for row in rows:
         if members and row[0] != members[0][0]:
-            flush(members)
+            group(members)
             members = []
         members.append(row)
     if members:
-        flush(members)
+        group(members)
+    if kept:
+        write()
     return built
 
 
@@ -304,31 +384,52 @@ def _schema() -> Any:
     return pa.schema(
         [
             ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-            ("item", pa.string()),
-            ("task_id", pa.string()),
-            ("domain", pa.string()),
-            ("reference", pa.string()),
-            ("scorer", pa.string()),
-            ("group_completions", pa.list_(pa.string())),
-            ("rewards", pa.list_(pa.float64())),
-            ("advantages", pa.list_(pa.float64())),
-            ("scores", pa.list_(pa.float64())),
-            ("parsed", pa.list_(pa.bool_())),
-            ("costs_usd", pa.list_(pa.string())),
-            ("run_ids", pa.list_(pa.int64())),
+            *((name, pa.string()) for name in TEXT_COLUMNS),
+            *((name, pa.list_(kind)) for name, kind in _sample_types(pa).items()),
         ]
     )
 
 
+TEXT_COLUMNS = ("item", "task_id", "domain", "reference", "scorer")
+
+
+def _sample_types(pa: Any) -> dict[str, Any]:
+    """The per-sample columns: one value per completion of the group."""
+    return {
+        "group_completions": pa.string(),
+        "rewards": pa.float64(),
+        "advantages": pa.float64(),
+        "scores": pa.float64(),
+        "parsed": pa.bool_(),
+        "costs_usd": pa.string(),
+        "run_ids": pa.int64(),
+    }
+
+
+@dataclass
+class _Group:
+    """One row of the files: the prompt (with its JSON, shared by the groups of one pool) and the rest."""
+
+    prompt: list[dict[str, str]]
+    prompt_json: str
+    columns: dict[str, Any]
+
+
 class _Files:
-    """train/validation as Parquet and JSON Lines, written BATCH groups at a time."""
+    """train/validation as Parquet and JSON Lines, written BATCH groups at a time by one writer thread
+    (while the build reads the next rows: the writes, hashing and Parquet encoding leave the GIL; one
+    batch is written while the next fills, so memory stays at two batches). The Parquet columns are
+    built from the groups' lists directly; the JSON Lines are hashed as they are written."""
 
     SPLITS = ("train", "validation")
 
     def __init__(self, directory: Path):
         self.directory = directory
         self.rows = dict.fromkeys(self.SPLITS, 0)
-        self._pending: dict[str, list[dict[str, Any]]] = {split: [] for split in self.SPLITS}
+        self._pending: dict[str, list[_Group]] = {split: [] for split in self.SPLITS}
+        self._digest = hashlib.sha256()  # of train.jsonl; validation.jsonl is read back at the end
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-files")
+        self._writing: Future[None] | None = None
 
     def __enter__(self) -> _Files:
         import pyarrow.parquet as pq
@@ -338,34 +439,76 @@ class _Files:
         self._parquet = {
             s: pq.ParquetWriter(self.directory / f"{s}.parquet", self._schema) for s in self.SPLITS
         }
-        self._jsonl = {s: (self.directory / f"{s}.jsonl").open("w", encoding="utf-8") for s in self.SPLITS}
+        self._jsonl = {s: (self.directory / f"{s}.jsonl").open("wb") for s in self.SPLITS}
         return self
 
-    def add(self, split: str, row: dict[str, Any]) -> None:
-        self._pending[split].append(row)
+    def add(self, split: str, group: _Group) -> None:
+        self._pending[split].append(group)
         self.rows[split] += 1
         if len(self._pending[split]) >= BATCH:
             self._write(split)
 
     def _write(self, split: str) -> None:
+        groups, self._pending[split] = self._pending[split], []
+        if not groups:
+            return
+        self._wait()
+        self._writing = self._writer.submit(self._write_groups, split, groups)
+
+    def _wait(self) -> None:
+        """The batch being written is written (its error raised here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    def _write_groups(self, split: str, groups: list[_Group]) -> None:
+        text = "".join(
+            '{"prompt": ' + g.prompt_json + ", " + _json(g.columns)[1:] + "\n" for g in groups
+        ).encode()
+        self._jsonl[split].write(text)
+        if split == self.SPLITS[0]:
+            self._digest.update(text)
+        self._parquet[split].write_table(self._table(groups))
+
+    def _table(self, groups: list[_Group]) -> Any:
         import pyarrow as pa
 
-        rows, self._pending[split] = self._pending[split], []
-        if rows:
-            self._jsonl[split].write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-            self._parquet[split].write_table(pa.Table.from_pylist(rows, schema=self._schema))
+        prompt_type = self._schema.field("prompt").type
+        roles, contents, prompt_offsets = [], [], [0]
+        for g in groups:
+            for message in g.prompt:
+                roles.append(message["role"])
+                contents.append(message["content"])
+            prompt_offsets.append(len(roles))
+        prompt = pa.ListArray.from_arrays(
+            pa.array(prompt_offsets, pa.int32()),
+            pa.StructArray.from_arrays(
+                [pa.array(roles, pa.string()), pa.array(contents, pa.string())],
+                fields=list(prompt_type.value_type),
+            ),
+        )
+        columns = [prompt] + [
+            pa.array([g.columns[name] for g in groups], self._schema.field(name).type)
+            for name in (*TEXT_COLUMNS, *_sample_types(pa))
+        ]
+        return pa.Table.from_arrays(columns, schema=self._schema)
 
     def __exit__(self, *exc: Any) -> None:
-        for split in self.SPLITS:
+        try:
             if exc[0] is None:
-                self._write(split)
-            self._jsonl[split].close()
-            self._parquet[split].close()
+                for split in self.SPLITS:
+                    self._write(split)
+            self._wait()
+        finally:
+            self._writer.shutdown()
+            for split in self.SPLITS:
+                self._jsonl[split].close()
+                self._parquet[split].close()
 
     def content_hash(self) -> str:
         """sha256 over train.jsonl, then validation.jsonl."""
-        digest = hashlib.sha256()
-        for split in self.SPLITS:
+        digest = self._digest.copy()
+        for split in self.SPLITS[1:]:
             with (self.directory / f"{split}.jsonl").open("rb") as fh:
                 while block := fh.read(1 << 20):
                     digest.update(block)
