@@ -182,14 +182,14 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
 
 
 def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monkeypatch):
-    """Prompts are built once per pool and shape, the task's text put in its place; where the text
-    lands anywhere but in the last message, each prompt is built on its own."""
+    """Prompts are built and encoded once per pool and shape, the task's text put in its place; where
+    the text lands anywhere but in the last message, each prompt is built on its own."""
     shape = {"domain": "math", "classification": "public", "max_steps": 4, "max_depth": 1}
     texts = ['He said "héllo"\n\tthen ✓', datasets_service._Prompts.MARK, "", "{}\\ \u2028 \x01"]
     prompts = datasets_service._Prompts()
     for text in texts:
         expected = datasets_service.conductor_prompt(Task(text=text, **shape))
-        assert prompts.of(text, **shape) == (expected, json.dumps(expected, ensure_ascii=False))
+        assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
 
     original = datasets_service.conductor_prompt
 
@@ -202,7 +202,7 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
     prompts = datasets_service._Prompts()
     for text in texts:
         expected = text_twice(Task(text=text, **shape))
-        assert prompts.of(text, **shape) == (expected, json.dumps(expected, ensure_ascii=False))
+        assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
 
 
 def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):

@@ -239,23 +239,21 @@ class _Prompts:
 
     def __init__(self) -> None:
         self._pools: dict[str, list[Any]] = {}
-        self._shapes: dict[tuple[Any, ...], tuple[list[dict[str, str]], str, str, str, str] | None] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[str, str, str, str] | None] = {}
 
-    def of(self, text: str, **shape: Any) -> tuple[list[dict[str, str]], str]:
+    def of(self, text: str, **shape: Any) -> str:
         """The messages for a task's text and `shape` (its domain, classification, max_steps and
-        max_depth), and their JSON as json.dumps writes it (ensure_ascii=False)."""
+        max_depth), as json.dumps writes them (ensure_ascii=False)."""
         key = tuple(shape.values())
         if key not in self._shapes:
             self._shapes[key] = self._template(**shape)
         template = self._shapes[key]
         if template is None:  # the text is not simply placed in the last message: build each prompt
-            messages = conductor_prompt(Task(text=text, **shape), self._pools)
-            return messages, _json(messages)
-        before, before_json, role, head, tail = template
-        last = {"role": role, "content": head + text + tail}
-        return before + [last], before_json + _json(last) + "]"
+            return _json(conductor_prompt(Task(text=text, **shape), self._pools))
+        before_json, role, head, tail = template
+        return before_json + _json({"role": role, "content": head + text + tail}) + "]"
 
-    def _template(self, **shape: Any) -> tuple[list[dict[str, str]], str, str, str, str] | None:
+    def _template(self, **shape: Any) -> tuple[str, str, str, str] | None:
         messages = conductor_prompt(Task(text=self.MARK, **shape), self._pools)
         *before, last = messages
         if set(last) != {"role", "content"} or json.dumps(messages).count(json.dumps(self.MARK)[1:-1]) != 1:
@@ -264,7 +262,7 @@ class _Prompts:
             return None
         head, tail = last["content"].split(self.MARK)
         before_json = _json(before)[:-1] + (", " if before else "")
-        return before, before_json, last["role"], head, tail
+        return before_json, last["role"], head, tail
 
 
 def _stream_groups(
@@ -338,14 +336,13 @@ def _stream_groups(
             built.with_signal += spread > 1e-9
             built.spread_sum += spread
             built.run_ids += ids
-            messages, prompt_json = prompts.of(
+            prompt = prompts.of(
                 text, domain=domain, classification=classification, max_steps=max_steps, max_depth=max_depth
             )
             files.add(
                 _split_of(item, validation),
                 _Group(
-                    prompt=messages,
-                    prompt_json=prompt_json,
+                    prompt_json=prompt,
                     columns={
                         "item": item,
                         "task_id": str(task_id),
@@ -384,42 +381,35 @@ def _schema() -> Any:
     return pa.schema(
         [
             ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-            *((name, pa.string()) for name in TEXT_COLUMNS),
-            *((name, pa.list_(kind)) for name, kind in _sample_types(pa).items()),
+            ("item", pa.string()),
+            ("task_id", pa.string()),
+            ("domain", pa.string()),
+            ("reference", pa.string()),
+            ("scorer", pa.string()),
+            ("group_completions", pa.list_(pa.string())),
+            ("rewards", pa.list_(pa.float64())),
+            ("advantages", pa.list_(pa.float64())),
+            ("scores", pa.list_(pa.float64())),
+            ("parsed", pa.list_(pa.bool_())),
+            ("costs_usd", pa.list_(pa.string())),
+            ("run_ids", pa.list_(pa.int64())),
         ]
     )
 
 
-TEXT_COLUMNS = ("item", "task_id", "domain", "reference", "scorer")
-
-
-def _sample_types(pa: Any) -> dict[str, Any]:
-    """The per-sample columns: one value per completion of the group."""
-    return {
-        "group_completions": pa.string(),
-        "rewards": pa.float64(),
-        "advantages": pa.float64(),
-        "scores": pa.float64(),
-        "parsed": pa.bool_(),
-        "costs_usd": pa.string(),
-        "run_ids": pa.int64(),
-    }
-
-
 @dataclass
 class _Group:
-    """One row of the files: the prompt (with its JSON, shared by the groups of one pool) and the rest."""
+    """One row of the files: the prompt's JSON (see _Prompts) and the other columns."""
 
-    prompt: list[dict[str, str]]
     prompt_json: str
     columns: dict[str, Any]
 
 
 class _Files:
     """train/validation as Parquet and JSON Lines, written BATCH groups at a time by one writer thread
-    (while the build reads the next rows: the writes, hashing and Parquet encoding leave the GIL; one
-    batch is written while the next fills, so memory stays at two batches). The Parquet columns are
-    built from the groups' lists directly; the JSON Lines are hashed as they are written."""
+    (while the build reads the next rows: the writes, hashing, JSON parsing and Parquet encoding leave
+    the GIL; one batch is written while the next fills, so memory stays at two batches). The JSON Lines
+    are hashed as they are written, and parsed by Arrow into the Parquet rows."""
 
     SPLITS = ("train", "validation")
 
@@ -468,30 +458,19 @@ class _Files:
         self._jsonl[split].write(text)
         if split == self.SPLITS[0]:
             self._digest.update(text)
-        self._parquet[split].write_table(self._table(groups))
+        self._parquet[split].write_table(self._parsed(text))
 
-    def _table(self, groups: list[_Group]) -> Any:
+    def _parsed(self, text: bytes) -> Any:
+        """The lines as an Arrow table, parsed by Arrow (no Python object per value, the GIL left):
+        the Parquet rows are the JSON Lines' rows by construction."""
         import pyarrow as pa
+        import pyarrow.json as pj
 
-        prompt_type = self._schema.field("prompt").type
-        roles, contents, prompt_offsets = [], [], [0]
-        for g in groups:
-            for message in g.prompt:
-                roles.append(message["role"])
-                contents.append(message["content"])
-            prompt_offsets.append(len(roles))
-        prompt = pa.ListArray.from_arrays(
-            pa.array(prompt_offsets, pa.int32()),
-            pa.StructArray.from_arrays(
-                [pa.array(roles, pa.string()), pa.array(contents, pa.string())],
-                fields=list(prompt_type.value_type),
-            ),
+        return pj.read_json(
+            pa.BufferReader(text),
+            read_options=pj.ReadOptions(use_threads=False, block_size=len(text) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=self._schema, unexpected_field_behavior="error"),
         )
-        columns = [prompt] + [
-            pa.array([g.columns[name] for g in groups], self._schema.field(name).type)
-            for name in (*TEXT_COLUMNS, *_sample_types(pa))
-        ]
-        return pa.Table.from_arrays(columns, schema=self._schema)
 
     def __exit__(self, *exc: Any) -> None:
         try:
