@@ -30,6 +30,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ITEM = "cruxeval-o:crux-test-#1"  # gpt-4o answers it right, gpt-3.5-turbo wrong (recorded outcomes)
 RIGHT, WRONG = "gpt-4o-2024-08-06", "gpt-3.5-turbo-0125"
 ACTOR = Actor.service("test")
+# What a conductor wrote that is no plan; its escapes in the JSON Lines (written by PostgreSQL) are
+# those json.dumps writes.
+NOT_A_PLAN = 'not a plan at all: "quoted" \\ \n\t\x01\x1f é ✓ \u2028 😀'
 
 
 def plan(worker: str) -> str:
@@ -56,7 +59,7 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     batch = rollouts_start(version=version, items=[ITEM], k=3, temperature=1.0, actor=ACTOR)
     task = Task.objects.get(source_item=ITEM)
     assert task.source == Task.Source.TRAINING and task.status == RunStatus.RUNNING
-    runs = execute_with_plans(batch, [plan(RIGHT), plan(WRONG), "not a plan at all"])
+    runs = execute_with_plans(batch, [plan(RIGHT), plan(WRONG), NOT_A_PLAN])
     assert [r.kind for r in runs] == [Run.Kind.ROLLOUT] * 3
     assert [r.score for r in runs[:2]] == [1.0, 0.0] and runs[2].stop_reason == "invalid_plan"
     assert Decision.objects.get(run=runs[0]).backend == "given"
@@ -93,7 +96,7 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     row = loaded[0]
     assert row["item"] == ITEM and row["reference"] == task.reference
     assert row["prompt"][0]["role"] == "system" and task.text in row["prompt"][-1]["content"]
-    assert row["group_completions"] == [plan(RIGHT), plan(WRONG), "not a plan at all"]
+    assert row["group_completions"] == [plan(RIGHT), plan(WRONG), NOT_A_PLAN]
     # the paper's format term: 1 right, 0.5 parsed but wrong, 0 unparseable; advantages centred per group
     assert row["rewards"] == [1.0, 0.5, 0.0]
     assert row["advantages"] == [0.5, 0.0, -0.5]
@@ -102,7 +105,7 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     assert as_json[0]["rewards"] == row["rewards"] and as_json.column_names == loaded.column_names
     # The files are written column by column with each pool's prompt encoded once: each line is what
     # json.dumps writes for it, the prompt is the conductor's, and Parquet holds the same rows.
-    lines = files["train.jsonl"].read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = [f"{line}\n" for line in files["train.jsonl"].read_text(encoding="utf-8").split("\n")[:-1]]
     assert [json.dumps(json.loads(line), ensure_ascii=False) + "\n" for line in lines] == lines
     assert json.loads(lines[0])["prompt"] == datasets_service.conductor_prompt(task)
     assert pq.read_table(files["train.parquet"]).to_pylist() == [json.loads(line) for line in lines]

@@ -82,6 +82,11 @@ def test_ungraded_samples_are_left_out_of_a_group_not_rewarded_as_wrong(replay_p
     )
     assert dataset.counts["completions"] == 2 and dataset.counts["ungraded_samples"] == 1
     assert runs[2].pk not in dataset.source_run_ids
+    # Without a reference (none, or empty) there was nothing to grade against: the sample stays in.
+    for reference in (None, ""):
+        Task.objects.filter(pk=runs[2].task_id).update(reference=reference)
+        again = dataset_build(name="graded", batch_ids=[batch.pk], actor=ACTOR)
+        assert again.counts["completions"] == 3 and again.counts["ungraded_samples"] == 0
 
 
 def test_training_idempotency_keys_are_reserved(db):

@@ -20,14 +20,16 @@ from django.db.models import (
     BooleanField,
     Exists,
     ExpressionWrapper,
+    Func,
     Max,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
     TextField,
+    Value,
 )
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Coalesce
 
 from audit.actions import Action
 from audit.services import Actor, event_record
@@ -281,14 +283,17 @@ def _stream_groups(
         rollouts.order_by("item", "run_id")
         .annotate(
             cost_text=Cast("run__cost_usd", TextField()),
-            referenced=ExpressionWrapper(~Q(task__reference=""), output_field=BooleanField()),
-        )
-        .values_list("item", "run_id", "run__score", "cost_text", "task_id", "referenced")
-        .annotate(
-            plan=Subquery(last_plan.values("raw_output")[:1]),
+            # a reference to grade against: NULL (none) and "" are not
+            referenced=ExpressionWrapper(Q(task__reference__gt=""), output_field=BooleanField()),
+            # the plan as a JSON string, written by PostgreSQL (its escapes are json.dumps's)
+            plan=Cast(
+                Func(Coalesce(Subquery(last_plan.values("raw_output")[:1]), Value("")), function="to_json"),
+                TextField(),
+            ),
             parsed=Exists(Decision.objects.filter(run_id=OuterRef("run_id"), depth=0, valid=True)),
         )
-        .iterator(chunk_size=FETCH)
+        # the columns first, then the annotations: the order of the SELECT
+        .values_list("item", "run_id", "run__score", "task_id", "cost_text", "referenced", "plan", "parsed")
     )
     built = _Built()
     prompts = _Prompts()
@@ -299,7 +304,7 @@ def _stream_groups(
     def group(members: list[tuple[Any, ...]]) -> None:
         samples, earned = [], []
         for row in members:
-            _, _, correct, cost, _, referenced, _, parsed = row
+            _, _, correct, _, cost, referenced, _, parsed = row
             if parsed and correct is None and referenced:
                 built.ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward
                 continue
@@ -320,12 +325,12 @@ def _stream_groups(
     def write() -> None:
         tasks = {
             row[0]: row
-            for row in Task.objects.filter(pk__in={samples[0][4] for samples, _ in kept}).values_list(
+            for row in Task.objects.filter(pk__in={samples[0][3] for samples, _ in kept}).values_list(
                 "pk", "text", "domain", "reference", "scorer", "classification", "max_steps", "max_depth"
             )
         }
         for samples, earned in kept:
-            item, task_id = samples[0][0], samples[0][4]
+            item, task_id = samples[0][0], samples[0][3]
             _, text, domain, reference, scorer, classification, max_steps, max_depth = tasks[task_id]
             values = tuple(reward for reward, _ in earned)
             if values not in advantages:
@@ -343,13 +348,15 @@ def _stream_groups(
                 _split_of(item, validation),
                 _Group(
                     prompt_json=prompt,
-                    columns={
+                    task={
                         "item": item,
                         "task_id": str(task_id),
                         "domain": domain,
                         "reference": reference,
                         "scorer": scorer,
-                        "group_completions": [row[6] or "" for row in samples],
+                    },
+                    completions_json=[row[6] for row in samples],
+                    samples={
                         "rewards": list(values),
                         "advantages": advantages[values],
                         "scores": [row[2] for row in samples],
@@ -362,7 +369,7 @@ def _stream_groups(
         kept.clear()
 
     members: list[tuple[Any, ...]] = []
-    for row in rows:
+    for row in rows.iterator(chunk_size=FETCH):
         if members and row[0] != members[0][0]:
             group(members)
             members = []
@@ -399,10 +406,20 @@ def _schema() -> Any:
 
 @dataclass
 class _Group:
-    """One row of the files: the prompt's JSON (see _Prompts) and the other columns."""
+    """One row of the files, its columns in order: the prompt's JSON (see _Prompts), the task's
+    columns, the plans (`group_completions`) each as a JSON string, and the samples' columns."""
 
     prompt_json: str
-    columns: dict[str, Any]
+    task: dict[str, Any]
+    completions_json: list[str]
+    samples: dict[str, Any]
+
+    def line(self) -> str:
+        """The JSON line, as json.dumps writes the row (ensure_ascii=False)."""
+        return (
+            f'{{"prompt": {self.prompt_json}, {_json(self.task)[1:-1]}, '
+            f'"group_completions": [{", ".join(self.completions_json)}], {_json(self.samples)[1:]}\n'
+        )
 
 
 class _Files:
@@ -452,9 +469,7 @@ class _Files:
             writing.result()
 
     def _write_groups(self, split: str, groups: list[_Group]) -> None:
-        text = "".join(
-            '{"prompt": ' + g.prompt_json + ", " + _json(g.columns)[1:] + "\n" for g in groups
-        ).encode()
+        text = "".join(g.line() for g in groups).encode()
         self._jsonl[split].write(text)
         if split == self.SPLITS[0]:
             self._digest.update(text)
