@@ -174,8 +174,10 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
     assert not Dataset.objects.exists()
     built = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
     assert built.counts["groups"] == 1
-    # Written a group at a time (the build streams in batches): the same files, the same hash.
+    # Written a group at a time (the build streams in batches), and every reward computed anew: the
+    # same files, the same hash.
     monkeypatch.setattr(datasets_service, "BATCH", 1)
+    monkeypatch.setattr(datasets_service, "MEMO", 1)
     again = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
     assert again.version == 2 and again.content_hash == built.content_hash
     loaded = datasets.load_dataset(

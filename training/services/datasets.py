@@ -216,6 +216,7 @@ def _source_runs_save(dataset: Dataset, run_ids: list[int]) -> list[int]:
 
 BATCH = 250  # groups per write (a group is some 20 KB of JSON with 8 samples): memory stays flat
 FETCH = 2000  # rollout rows per round trip
+MEMO = 4096  # rewards (and advantages) kept for reuse; costs vary by run, so this is bounded too
 
 
 @dataclass
@@ -310,6 +311,8 @@ def _stream_groups(
                 continue
             key = (parsed, correct, cost)
             if key not in rewards:
+                if len(rewards) >= MEMO:
+                    rewards.clear()
                 reward = reward_of(parsed=parsed, correct=correct, cost_usd=Decimal(cost), config=config)
                 rewards[key] = (reward.reward, str(reward.cost_usd))
             samples.append(row)
@@ -334,6 +337,8 @@ def _stream_groups(
             _, text, domain, reference, scorer, classification, max_steps, max_depth = tasks[task_id]
             values = tuple(reward for reward, _ in earned)
             if values not in advantages:
+                if len(advantages) >= MEMO:
+                    advantages.clear()
                 advantages[values] = group_advantages(list(values))
             ids = [row[1] for row in samples]
             built.kept += 1
