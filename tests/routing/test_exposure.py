@@ -130,6 +130,25 @@ def test_the_dossier_folds_views_of_the_record_apart_from_the_tasks_history(thre
     assert f"?task={three_steps.pk}&amp;action=record.viewed" in html
 
 
+def test_the_dossier_says_why_a_conductor_step_was_allowed(live_pool):
+    """A conductor step passes no rule (it is the conductor itself): the dossier says so, not "allowed ()"."""
+    server = live_pool["server"]
+    outer = plan_json(("alpha", "Draft", []), ("conductor", "Decide whether to check it", "all"))
+    server.program("conductor", [Reply(outer), Reply(plan_json())])  # the nested plan: pass through
+    server.program("alpha", [Reply("draft")])
+    task, _ = task_submit(
+        submission=TaskSubmission(text="Check or pass", max_depth=1), source=Task.Source.API
+    )
+    engine.execute_run(task.runs.get().pk)
+    auditor = Client()
+    auditor.force_login(_user("ada", Role.AUDITOR))
+
+    html = auditor.get(f"/audit/tasks/{task.pk}/").content.decode()
+
+    assert "allowed: the conductor itself" in html and "allowed ()" not in html
+    assert "allowed (worker-clearance" in html  # alpha's verdict names the rules it passed
+
+
 def test_the_vendors_page_draws_data_class_to_vendor_and_lists_each_bands_tasks(three_steps):
     auditor = Client()
     auditor.force_login(_user("ada", Role.AUDITOR))
