@@ -148,13 +148,17 @@ def _progress(job: TrainingJob, step: int, total: int, values: dict[str, Any]) -
     return True
 
 
+def jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON Lines file. Lines end at "\n" only: a text may hold U+2028 or another
+    character str.splitlines() would also break at, written as is (JSON allows it unescaped)."""
+    with path.open(encoding="utf-8", newline="\n") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
 
     if job.dataset is not None:
-        path = dataset_files(job.dataset)["train.jsonl"]
-        return replay_items(
-            [json.loads(line)["item"] for line in path.read_text().splitlines() if line.strip()]
-        )
+        return replay_items([row["item"] for row in jsonl_rows(dataset_files(job.dataset)["train.jsonl"])])
     items = replay.read_items(replay.split_path(job.options["split"]))
     return items[: job.options["limit"]] if job.options.get("limit") else items
 
