@@ -237,9 +237,11 @@ def main() -> None:
         "rounds": args.rounds,
         "engine_ms_per_step": round(statistics.median(r["engine_ms_per_step"] for r in rows), 2),
         "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
-        "ratio_median": statistics.median(r["ratio"] for r in rows),
+        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 2),
         "ratio_min": min(r["ratio"] for r in rows),
-        "cpu_ratio_median": None if args.celery else statistics.median(r["cpu_ratio"] for r in rows),
+        "cpu_ratio_median": None
+        if args.celery
+        else round(statistics.median(r["cpu_ratio"] for r in rows), 2),
         "engine_through": "a Celery worker (1 process)" if args.celery else "this process",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
@@ -261,7 +263,8 @@ benchmark's process as in the section above.
                 f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} |"
                 for r in rows
             )
-            + f"\n\nMedian ratio {summary['ratio_median']}.",
+            + f"\n\nMedian ratio {summary['ratio_median']}: the engine's runs, as production makes them, cost that "
+            "many times LangGraph's in-process time per step. Where the time goes: docs/architecture.md.",
         )
     elif args.write:
         table = "\n".join(
@@ -283,7 +286,8 @@ its state after every node. Interleaved rounds of {args.tasks} tasks a side:
 {table}
 
 Median ratio {summary["ratio_median"]} (wall), {summary["cpu_ratio_median"]} (CPU): the engine costs
-that many times LangGraph's time per step.""",
+that many times LangGraph's time per step. Where the time goes, and what is left: docs/architecture.md
+("Performance").""",
         )
 
 
