@@ -6,7 +6,7 @@ For each cost penalty λ (reward = correct - λ x USD) of a grid:
    other folds, and so is each kind's best fixed workflow (the one workflow with the highest mean
    reward on that kind's items of the other folds); both then plan the held-out fold.
 2. The gate, per kind: the learned choice is kept for a kind only where, out of fold, it earned more
-   than the kind's fixed workflow by at least one standard error of the paired difference; elsewhere
+   than the kind's fixed workflow by at least GATE_Z standard errors of the paired difference; elsewhere
    the policy falls back to the fixed workflow (regularised toward "the best fixed workflow for this
    kind of task", never toward noise from hashed words). Kinds the policy never saw are planned from
    the text alone (training.kinds).
