@@ -81,10 +81,6 @@ def build_messages(step: Step, visible: list[Step]) -> list[dict[str, str]]:
     ]
 
 
-def _budget_message(run: Run, step: Step, spent: Decimal) -> str:
-    return f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
-
-
 def backoff(attempt_number: int, retry_after: float | None) -> float:
     if retry_after is not None:
         return min(retry_after, settings.CONDUCTOR_RETRY_AFTER_MAX_S)  # the provider said how long
@@ -228,7 +224,7 @@ def begin_retry(run: Run, call: Call) -> None:
 
 
 def _budget_reached(run: Run, step: Step, spent: Decimal) -> RunStopped:
-    message = _budget_message(run, step, spent)
+    message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
     mark_failed(run, step, message, note="cost budget")
     return RunStopped(message, stop_reason=StopReason.COST_BUDGET)
 

@@ -105,12 +105,11 @@ class LockConnections:
             idle = self._idle.get(key) or []
             if idle and not fresh:
                 conn = idle.pop()
-        if (
-            conn is not None
-            and not conn.closed
-            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        ):
-            return conn
+        if conn is not None:
+            if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                return conn
+            with contextlib.suppress(psycopg.Error):
+                conn.close()  # not usable: not handed out, not left to the garbage collector
         conn = psycopg.connect(**params, autocommit=True)
         conn._lock_key = key  # type: ignore[attr-defined]
         return conn

@@ -92,7 +92,8 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                 try:
                     if isinstance(outcome, Sent):
                         # A sequence: the one step whose turn this success makes starts in its transaction.
-                        follower = _follower(steps, done | {call.step.index}, busy) if not pending else None
+                        index = call.step.index
+                        follower = _follower(steps, done | {index}, busy - {index}) if not pending else None
                         begun: list[tuple[Call, RunStopped | None]] = []
                         then = None
                         if follower is not None and first_error is None:
@@ -131,7 +132,7 @@ def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:
 
 def _follower(steps: dict[int, Step], done: set[int], busy: set[int]) -> Step | None:
     """The step to start with the last one's success: the only one ready, if it `starts_with_the_last`."""
-    ready = _ready(steps, done, busy - done)
+    ready = _ready(steps, done, busy)
     if len(ready) == 1 and starts_with_the_last(steps[ready[0]]):
         return steps[ready[0]]
     return None
