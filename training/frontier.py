@@ -6,11 +6,16 @@ For each cost penalty λ (reward = correct - λ x USD) of a grid:
    other folds, and so is each kind's best fixed workflow (the one workflow with the highest mean
    reward on that kind's items of the other folds); both then plan the held-out fold.
 2. The gate, per kind: the learned choice is kept for a kind only where, out of fold, it earned more
-   than the kind's fixed workflow by at least GATE_Z standard errors of the paired difference; elsewhere
+   than the kind's fixed workflow by at least z standard errors of the paired difference; elsewhere
    the policy falls back to the fixed workflow (regularised toward "the best fixed workflow for this
    kind of task", never toward noise from hashed words). Kinds the policy never saw are planned from
-   the text alone (training.kinds).
+   the text alone (training.kinds). z is chosen per penalty from GATE_ZS by cross-validating the gate
+   itself on the same out-of-fold choices: each fold is planned by the gates the other folds set, and
+   the z whose gates earned the most reward wins (ties go to the larger z: fall back when in doubt).
 3. The point: accuracy and USD per 1,000 tasks of the gated policy, out of fold.
+4. Gaps: where two neighbouring penalties' points lie far apart in cost (more than GAP_USD_PER_1000),
+   the penalty halfway between them is swept too, widest gap first, up to `refine` more penalties, so
+   that the curve has a point near every cost a fixed policy stands at.
 
 The frontier is the points no other point beats on both accuracy and cost. Every fixed policy that
 plans by kind (a single worker, a cascade, the static rules) is one of the combinations the per-kind
@@ -24,6 +29,7 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -34,8 +40,12 @@ from .policy import GRPOConfig, Policy, Table, Workflow, outcome_table, train
 COST_PENALTIES = (0.0, 3.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 50.0, 200.0, 1000.0)
 FOLDS = 5
 # The gate keeps a kind's learned choice only where it beat the kind's fixed workflow out of fold by at
-# least this many standard errors of the paired difference (1.645: one-sided 95%).
-GATE_Z = 1.645
+# least z standard errors of the paired difference; z is one of these, chosen by cross-validation on the
+# training items (inf: always the fixed workflow).
+GATE_ZS = (0.0, 1.0, 1.645, 2.326, math.inf)
+# Neighbouring points further apart than this (USD per 1,000 tasks) get a penalty swept between them.
+GAP_USD_PER_1000 = 0.5
+REFINE = 3
 PER_1000 = 1000
 
 
@@ -59,6 +69,7 @@ class KindGate:
     fixed_reward: float
     fixed_workflow: str  # the kind's best fixed workflow on all the training items
     learned: bool  # the learned choice is kept for this kind
+    z: float = 0.0  # the paired difference's mean in standard errors (out of fold)
 
 
 @dataclass
@@ -70,6 +81,7 @@ class Point:
     usd_per_1000: float
     gates: list[KindGate] = field(default_factory=list)
     on_frontier: bool = False
+    gate_z: float = math.inf  # the gate's threshold, chosen by cross-validation (GATE_ZS)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +115,7 @@ class Fit:
                     "accuracy": round(p.accuracy, 4),
                     "usd_per_1000": round(p.usd_per_1000, 4),
                     "on_frontier": p.on_frontier,
+                    "gate_z": p.gate_z if math.isfinite(p.gate_z) else None,
                     "learned_kinds": [g.kind for g in p.gates if g.learned],
                 }
                 for p in self.points
@@ -130,16 +143,56 @@ def _choices(policy: Policy, items: Sequence[Any]) -> np.ndarray:
     )
 
 
-def _gates(
-    rewards: np.ndarray, kinds: np.ndarray, learned: np.ndarray, fixed: np.ndarray, fixed_all: dict[str, str]
-) -> list[KindGate]:
+def _z_scores(difference: np.ndarray, kinds: np.ndarray, rows: np.ndarray) -> dict[str, float]:
+    """Each kind's mean paired difference (learned minus fixed) over `rows`, in standard errors (-inf
+    where it is not above 0 or cannot be told)."""
+    out = {}
+    for kind in {str(k) for k in kinds[rows] if k}:  # "" (unseen kinds) always takes the text-only path
+        d = difference[rows][kinds[rows] == kind]
+        if len(d) < 2 or d.mean() <= 0:
+            out[kind] = -math.inf
+            continue
+        spread = float(d.std(ddof=1))
+        out[kind] = math.inf if spread == 0 else float(d.mean() / (spread / math.sqrt(len(d))))
+    return out
+
+
+def _trusts(score: float, z: float) -> bool:
+    return math.isfinite(z) and score > -math.inf and score >= z
+
+
+def choose_gate_z(
+    rewards: np.ndarray, kinds: np.ndarray, learned: np.ndarray, fixed: np.ndarray, fold: np.ndarray
+) -> float:
+    """The gate's threshold that earns the most out of fold: each fold is planned by the gates the other
+    folds' rows set (the choices are out of fold already), for every z of GATE_ZS."""
     rows = np.arange(len(kinds))
     difference = rewards[rows, learned] - rewards[rows, fixed]
+    earned = dict.fromkeys(GATE_ZS, 0.0)
+    for f in np.unique(fold):
+        held, kept = fold == f, fold != f
+        scores = _z_scores(difference, kinds, kept)
+        for z in GATE_ZS:
+            trusted = {k for k, s in scores.items() if _trusts(s, z)} | {""}
+            chosen = np.where([str(k) in trusted for k in kinds[held]], learned[held], fixed[held])
+            earned[z] += float(rewards[rows[held], chosen].sum())
+    best = max(earned.values())
+    return max(z for z, e in earned.items() if e >= best - 1e-9)
+
+
+def _gates(
+    rewards: np.ndarray,
+    kinds: np.ndarray,
+    learned: np.ndarray,
+    fixed: np.ndarray,
+    fixed_all: dict[str, str],
+    gate_z: float,
+) -> list[KindGate]:
+    rows = np.arange(len(kinds))
+    scores = _z_scores(rewards[rows, learned] - rewards[rows, fixed], kinds, rows)
     gates = []
-    for kind in sorted({str(k) for k in kinds if k}):  # "" (unseen kinds) always takes the text-only path
+    for kind in sorted(scores):
         mask = kinds == kind
-        d = difference[mask]
-        standard_error = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.inf
         gates.append(
             KindGate(
                 kind=kind,
@@ -147,7 +200,8 @@ def _gates(
                 learned_reward=round(float(rewards[rows, learned][mask].mean()), 5),
                 fixed_reward=round(float(rewards[rows, fixed][mask].mean()), 5),
                 fixed_workflow=str(fixed_all[kind]),
-                learned=bool(d.mean() > 0 and d.mean() >= GATE_Z * standard_error),
+                learned=_trusts(scores[kind], gate_z),
+                z=round(scores[kind], 3) if math.isfinite(scores[kind]) else scores[kind],
             )
         )
     return gates
@@ -161,11 +215,13 @@ def sweep(
     *,
     penalties: Sequence[float] = COST_PENALTIES,
     folds: int = FOLDS,
+    refine: int = REFINE,
     on_fold: Callable[[int, int], None] | None = None,
 ) -> Fit:
-    """Cross-validate the gated policy at every cost penalty (see the module's docstring).
-    `make_policy()`: an untrained policy over `actions` that knows the items' kinds; `on_fold(done,
-    total)` is called after each training (a job's progress; it may raise to stop)."""
+    """Cross-validate the gated policy at every cost penalty, and at up to `refine` more between the
+    points furthest apart in cost (see the module's docstring). `make_policy()`: an untrained policy
+    over `actions` that knows the items' kinds; `on_fold(done, total)` is called after each training (a
+    job's progress; it may raise to stop)."""
     items = list(items)
     template = make_policy()
     table = outcome_table(actions, items, template.scorers)
@@ -173,7 +229,9 @@ def sweep(
     fold = fold_of(items, folds)
     rows = np.arange(len(items))
     points: list[Point] = []
-    for penalty in penalties:
+    planned = len(penalties) + refine
+
+    def point(penalty: float) -> Point:
         rewards = table.rewards(penalty)
         learned = np.zeros(len(items), dtype=int)
         fixed = np.zeros(len(items), dtype=int)
@@ -190,26 +248,51 @@ def sweep(
             )
             learned[held] = _choices(policy, [items[i] for i in held])
             if on_fold is not None:
-                on_fold(len(points) * folds + f + 1, len(penalties) * folds)
+                on_fold(len(points) * folds + f + 1, planned * folds)
             per_kind = best_fixed(rewards[kept], kinds[kept])
             overall = int(np.argmax(rewards[kept].mean(axis=0)))
             fixed[held] = [per_kind.get(str(k), overall) for k in kinds[held]]
         fixed_all = best_fixed(rewards, kinds)
-        gates = _gates(rewards, kinds, learned, fixed, {k: actions[i].name for k, i in fixed_all.items()})
+        gate_z = choose_gate_z(rewards, kinds, learned, fixed, fold)
+        gates = _gates(
+            rewards, kinds, learned, fixed, {k: actions[i].name for k, i in fixed_all.items()}, gate_z
+        )
         trusted = {g.kind for g in gates if g.learned} | {""}
         chosen = np.where([str(k) in trusted for k in kinds], learned, fixed)
-        point = Point(
+        return Point(
             cost_penalty_per_usd=float(penalty),
             accuracy=float(table.correct[rows, chosen].mean()),
             usd_per_1000=float(table.cost[rows, chosen].mean() * PER_1000),
             gates=gates,
+            gate_z=gate_z,
         )
-        points.append(point)
+
+    for penalty in penalties:
+        points.append(point(penalty))
+    for _ in range(refine):
+        between = _widest_gap(points)
+        if between is None:
+            break
+        points.append(point(between))
+    points.sort(key=lambda p: p.cost_penalty_per_usd)
     for p in points:
         p.on_frontier = not any(
             dominates(q.accuracy, q.usd_per_1000, p.accuracy, p.usd_per_1000) for q in points
         )
     return Fit(points=points, folds=folds, items=len(items), table=table, workflows=[a.name for a in actions])
+
+
+def _widest_gap(points: list[Point]) -> float | None:
+    """The penalty halfway between the two neighbouring penalties whose points are furthest apart in
+    cost, where that is more than GAP_USD_PER_1000 (and the penalties are apart enough to split)."""
+    ordered = sorted(points, key=lambda p: p.cost_penalty_per_usd)
+    gaps = [
+        (abs(a.usd_per_1000 - b.usd_per_1000), (a.cost_penalty_per_usd + b.cost_penalty_per_usd) / 2)
+        for a, b in pairwise(ordered)
+        if b.cost_penalty_per_usd - a.cost_penalty_per_usd >= 0.5
+    ]
+    widest = max(gaps, default=None)
+    return widest[1] if widest is not None and widest[0] > GAP_USD_PER_1000 else None
 
 
 def dominates(accuracy: float, cost: float, other_accuracy: float, other_cost: float) -> bool:
