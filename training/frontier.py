@@ -13,9 +13,12 @@ For each cost penalty λ (reward = correct - λ x USD) of a grid:
    itself on the same out-of-fold choices: each fold is planned by the gates the other folds set, and
    the z whose gates earned the most reward wins (ties go to the larger z: fall back when in doubt).
 3. The point: accuracy and USD per 1,000 tasks of the gated policy, out of fold.
+   The point's figures are those of the procedure, out of fold: each fold's kinds gated by the other
+   folds' rows. The gates a policy trained on every item gets (gate_policy) are read from every row.
 4. Gaps: where two neighbouring penalties' points lie far apart in cost (more than GAP_USD_PER_1000),
    the penalty halfway between them is swept too, widest gap first, up to `refine` more penalties, so
-   that the curve has a point near every cost a fixed policy stands at.
+   that the curve has a point near every cost a fixed policy stands at. An interval a split did not
+   narrow (one half kept JUMP_SHARE of the gap: a kind's choice flips at one penalty) is not split again.
 
 The frontier is the points no other point beats on both accuracy and cost. Every fixed policy that
 plans by kind (a single worker, a cascade, the static rules) is one of the combinations the per-kind
@@ -43,9 +46,14 @@ FOLDS = 5
 # least z standard errors of the paired difference; z is one of these, chosen by cross-validation on the
 # training items (inf: always the fixed workflow).
 GATE_ZS = (0.0, 1.0, 1.645, 2.326, math.inf)
-# Neighbouring points further apart than this (USD per 1,000 tasks) get a penalty swept between them.
+# Neighbouring points further apart than this (USD per 1,000 tasks) get a penalty swept between them
+# (a fixed policy's cost is read to about this precision on a few hundred items), up to REFINE times;
+# penalties closer than MIN_PENALTY_STEP are not split; a half left with JUMP_SHARE of its interval's
+# gap is a jump, not split again.
 GAP_USD_PER_1000 = 0.5
 REFINE = 3
+MIN_PENALTY_STEP = 0.5
+JUMP_SHARE = 0.9
 PER_1000 = 1000
 
 
@@ -163,21 +171,25 @@ def _trusts(score: float, z: float) -> bool:
 
 def choose_gate_z(
     rewards: np.ndarray, kinds: np.ndarray, learned: np.ndarray, fixed: np.ndarray, fold: np.ndarray
-) -> float:
-    """The gate's threshold that earns the most out of fold: each fold is planned by the gates the other
-    folds' rows set (the choices are out of fold already), for every z of GATE_ZS."""
+) -> tuple[float, np.ndarray]:
+    """The gate's threshold that earns the most out of fold, and each item's choice under it: each fold
+    is planned by the gates the other folds' rows set, for every z of GATE_ZS. (The other folds'
+    choices are out of fold, but their policies were trained with this fold among the rest: the gate is
+    cross-validated on the choices, not re-nested around their training.)"""
     rows = np.arange(len(kinds))
     difference = rewards[rows, learned] - rewards[rows, fixed]
     earned = dict.fromkeys(GATE_ZS, 0.0)
+    chosen = {z: fixed.copy() for z in GATE_ZS}
     for f in np.unique(fold):
         held, kept = fold == f, fold != f
         scores = _z_scores(difference, kinds, kept)
         for z in GATE_ZS:
             trusted = {k for k, s in scores.items() if _trusts(s, z)} | {""}
-            chosen = np.where([str(k) in trusted for k in kinds[held]], learned[held], fixed[held])
-            earned[z] += float(rewards[rows[held], chosen].sum())
+            chosen[z][held] = np.where([str(k) in trusted for k in kinds[held]], learned[held], fixed[held])
+            earned[z] += float(rewards[rows[held], chosen[z][held]].sum())
     best = max(earned.values())
-    return max(z for z, e in earned.items() if e >= best - 1e-9)
+    z = max(z for z, e in earned.items() if e >= best - 1e-9)
+    return z, chosen[z]
 
 
 def _gates(
@@ -229,6 +241,7 @@ def sweep(
     fold = fold_of(items, folds)
     rows = np.arange(len(items))
     points: list[Point] = []
+    refine = refine if len(penalties) > 1 else 0
     planned = len(penalties) + refine
 
     def point(penalty: float) -> Point:
@@ -253,12 +266,13 @@ def sweep(
             overall = int(np.argmax(rewards[kept].mean(axis=0)))
             fixed[held] = [per_kind.get(str(k), overall) for k in kinds[held]]
         fixed_all = best_fixed(rewards, kinds)
-        gate_z = choose_gate_z(rewards, kinds, learned, fixed, fold)
+        # The point is what the whole procedure earns out of fold: each fold's kinds gated by the other
+        # folds (not by gates read off the same rows, which would credit a kind for the win that kept it).
+        gate_z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+        # The gates the policy trained on every item gets (gate_policy), from every out-of-fold row.
         gates = _gates(
             rewards, kinds, learned, fixed, {k: actions[i].name for k, i in fixed_all.items()}, gate_z
         )
-        trusted = {g.kind for g in gates if g.learned} | {""}
-        chosen = np.where([str(k) in trusted for k in kinds], learned, fixed)
         return Point(
             cost_penalty_per_usd=float(penalty),
             accuracy=float(table.correct[rows, chosen].mean()),
@@ -269,11 +283,17 @@ def sweep(
 
     for penalty in penalties:
         points.append(point(penalty))
+    jumps: set[tuple[float, float]] = set()  # intervals a split did not narrow: not split again
     for _ in range(refine):
-        between = _widest_gap(points)
-        if between is None:
+        gap = _widest_gap(points, jumps)
+        if gap is None:
             break
-        points.append(point(between))
+        low, high, width = gap
+        middle = point((low.cost_penalty_per_usd + high.cost_penalty_per_usd) / 2)
+        points.append(middle)
+        for a, b in ((low, middle), (middle, high)):
+            if abs(a.usd_per_1000 - b.usd_per_1000) >= JUMP_SHARE * width:
+                jumps.add((a.cost_penalty_per_usd, b.cost_penalty_per_usd))
     points.sort(key=lambda p: p.cost_penalty_per_usd)
     for p in points:
         p.on_frontier = not any(
@@ -282,17 +302,22 @@ def sweep(
     return Fit(points=points, folds=folds, items=len(items), table=table, workflows=[a.name for a in actions])
 
 
-def _widest_gap(points: list[Point]) -> float | None:
-    """The penalty halfway between the two neighbouring penalties whose points are furthest apart in
-    cost, where that is more than GAP_USD_PER_1000 (and the penalties are apart enough to split)."""
+def _widest_gap(points: list[Point], jumps: set[tuple[float, float]]) -> tuple[Point, Point, float] | None:
+    """The two neighbouring penalties whose points are furthest apart in cost, and how far, where that is
+    more than GAP_USD_PER_1000, the penalties are at least MIN_PENALTY_STEP apart, and the interval is
+    not a jump (a split of it left one half with most of the gap: a kind's choice flips at one
+    penalty, and halving again would not close it)."""
     ordered = sorted(points, key=lambda p: p.cost_penalty_per_usd)
     gaps = [
-        (abs(a.usd_per_1000 - b.usd_per_1000), (a.cost_penalty_per_usd + b.cost_penalty_per_usd) / 2)
+        (abs(a.usd_per_1000 - b.usd_per_1000), a.cost_penalty_per_usd, a, b)
         for a, b in pairwise(ordered)
-        if b.cost_penalty_per_usd - a.cost_penalty_per_usd >= 0.5
+        if b.cost_penalty_per_usd - a.cost_penalty_per_usd >= MIN_PENALTY_STEP
+        and (a.cost_penalty_per_usd, b.cost_penalty_per_usd) not in jumps
     ]
-    widest = max(gaps, default=None)
-    return widest[1] if widest is not None and widest[0] > GAP_USD_PER_1000 else None
+    widest = max(gaps, key=lambda g: (g[0], g[1]), default=None)
+    if widest is None or widest[0] <= GAP_USD_PER_1000:
+        return None
+    return widest[2], widest[3], widest[0]
 
 
 def dominates(accuracy: float, cost: float, other_accuracy: float, other_cost: float) -> bool:

@@ -24,7 +24,7 @@ from routing.models import ConductorVersion
 from routing.secrets import redact
 
 from .engine_reward import EngineReward
-from .frontier import COST_PENALTIES, gate_policy, sweep
+from .frontier import COST_PENALTIES, REFINE, gate_policy, sweep
 from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
 from .policy import GRPOConfig, Policy, default_actions, outcome_table, train
@@ -200,13 +200,19 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         if o["frontier"]
         else [config.cost_penalty_per_usd]
     )
-    _log(job, f"cross-validating: {len(penalties)} cost penalties x {folds} folds")
+    refine = REFINE if len(penalties) > 1 else 0
+    _log(
+        job,
+        f"cross-validating: {len(penalties)} cost penalties"
+        + (f" and up to {refine} more between them" if refine else "")
+        + f" x {folds} folds",
+    )
 
     def on_fold(done: int, total: int) -> None:
         if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
             raise Cancelled
         if done % folds == 0:
-            _log(job, f"cross-validated {done // folds} of {len(penalties)} cost penalties")
+            _log(job, f"cross-validated {done // folds} of up to {total // folds} cost penalties")
 
     fit = sweep(
         actions,
@@ -215,6 +221,7 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         config,
         penalties=penalties,
         folds=folds,
+        refine=refine,
         on_fold=on_fold,
     )
     gate_policy(policy, items, fit)

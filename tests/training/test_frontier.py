@@ -14,6 +14,7 @@ from routing.conductors import PlanRequest, WorkerCard
 from training.conductor import LearnedConductor
 from training.frontier import (
     GATE_ZS,
+    _gates,
     best_fixed,
     choose_gate_z,
     dominates,
@@ -124,36 +125,61 @@ def test_folds_are_stable_and_the_best_fixed_workflow_is_per_kind():
     assert best_fixed(rewards, kinds) == {"chat": 0, "math": 1}
 
 
+def gate_case(learned_rewards) -> tuple[np.ndarray, ...]:
+    """60 items of one kind in 3 folds; the fixed workflow (0) earns 0.5 on each, the learned one (1)
+    `learned_rewards`."""
+    n = 60
+    rewards = np.zeros((n, 2))
+    rewards[:, 0] = 0.5
+    rewards[:, 1] = learned_rewards
+    kinds = np.array(["a"] * n, dtype=object)
+    return rewards, kinds, np.ones(n, dtype=int), np.zeros(n, dtype=int), np.arange(n) % 3
+
+
 def test_the_gate_threshold_is_chosen_by_cross_validation_on_the_training_items():
     """Each fold is planned by the gates the other folds set, for every z; the z that earns most wins,
-    the larger one on a tie."""
-    n = 60
-    kinds = np.array(["a"] * n, dtype=object)
-    fold = np.arange(n) % 3
-    learned, fixed = np.ones(n, dtype=int), np.zeros(n, dtype=int)
-    rewards = np.zeros((n, 2))
-    rewards[:, 0] = 0.5  # the fixed workflow
-    # The learned one: right on 12 of each fold's 20 items, wrong on 8. A weak real edge: +0.1 a task,
-    # 1.27 standard errors over two folds. Trusting it earns 12 a fold against the fixed one's 10.
-    rewards[:, 1] = [1.0 if (i // 3) % 5 < 3 else 0.0 for i in range(n)]
+    the larger one on a tie; the choices returned are that z's, fold by fold."""
+    # Right on 12 of each fold's 20 items, wrong on 8. A weak real edge: +0.1 a task, 1.27 standard
+    # errors over two folds. Trusting it earns 12 a fold against the fixed one's 10.
+    rewards, kinds, learned, fixed, fold = gate_case([1.0 if (i // 3) % 5 < 3 else 0.0 for i in range(60)])
     assert all(rewards[fold == f, 1].sum() == 12 for f in range(3))
-    assert choose_gate_z(rewards, kinds, learned, fixed, fold) == 1.0
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z == 1.0 and (chosen == learned).all()
     # Better on every item: every finite z trusts it; the largest wins the tie.
-    rewards[:, 1] = 1.0
-    assert choose_gate_z(rewards, kinds, learned, fixed, fold) == max(z for z in GATE_ZS if z < math.inf)
+    rewards, kinds, learned, fixed, fold = gate_case(1.0)
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z == max(z for z in GATE_ZS if z < math.inf) and (chosen == learned).all()
     # Right only in fold 0: from the other folds it never looks better, so no z trusts it.
-    rewards[:, 1] = np.where(fold == 0, 1.0, 0.0)
-    assert choose_gate_z(rewards, kinds, learned, fixed, fold) == math.inf
+    rewards, kinds, learned, fixed, fold = gate_case(np.where(np.arange(60) % 3 == 0, 1.0, 0.0))
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z == math.inf and (chosen == fixed).all()
+
+
+def test_the_point_is_the_nested_gate_not_the_gate_read_off_the_same_rows():
+    """Far better in fold 0, a little worse in the others: over all the rows the learned choice looks
+    better by 2.7 standard errors, and a gate read off them would keep it and credit the point with the
+    win. Gated by the other folds, fold 0 falls back (folds 1 and 2 say worse) and folds 1 and 2 keep
+    it (fold 0 says better) and lose: every z loses to "never", which the point reports."""
+    rewards, kinds, learned, fixed, fold = gate_case(np.where(np.arange(60) % 3 == 0, 1.5, 0.3))
+    everywhere = _gates(rewards, kinds, learned, fixed, {"a": "fixed"}, 2.326)
+    assert everywhere[0].learned and everywhere[0].z > 2.326
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z == math.inf and (chosen == fixed).all()
 
 
 def test_the_sweep_fills_the_widest_gap_in_cost_with_a_penalty_between():
     data = plain_items() + mixed_items()
     fit = sweep(ACTIONS, data, make(data), CONFIG, penalties=[0.0, 5000.0], folds=3, refine=2)
     penalties = [p.cost_penalty_per_usd for p in fit.points]
-    # 0 costs 5.5 per 1,000 tasks and 5000 0.1: 2500 goes between them, then 1250 in the gap left.
-    assert penalties == [0.0, 1250.0, 2500.0, 5000.0]
-    assert all(math.isinf(p.gate_z) or p.gate_z in GATE_ZS for p in fit.points)
-    assert all("gate_z" in p for p in fit.summary()["points"])
+    # 0 costs 5.5 per 1,000 tasks and 5000 0.1: 2500 goes between them and costs 0.1 too. The gap is
+    # all between 0 and 2500 (a jump: the choice flips at once), so it is not split again.
+    assert penalties == [0.0, 2500.0, 5000.0]
+    assert fit.points[1].usd_per_1000 == fit.points[2].usd_per_1000 < 1 < fit.points[0].usd_per_1000
+    # The summary keeps each point's gate; "never" (inf) is saved as None, which JSON can hold.
+    assert [p["gate_z"] for p in fit.summary()["points"]] == [
+        None if math.isinf(p.gate_z) else p.gate_z for p in fit.points
+    ]
+    json.dumps(fit.summary(), allow_nan=False)
     # Without refinement, only the grid.
     fit = sweep(ACTIONS, data, make(data), CONFIG, penalties=[0.0, 5000.0], folds=3, refine=0)
     assert [p.cost_penalty_per_usd for p in fit.points] == [0.0, 5000.0]

@@ -160,6 +160,39 @@ def test_a_succeeded_jobs_page_links_its_registered_version(ml):
     assert progress["candidate"]["name"] == "learned-d" and progress["candidate_note"] == ""
 
 
+def test_the_frontier_table_shows_each_points_gate_and_a_dash_for_a_policy_saved_before_gates(ml):
+    """A point's gate: its z, "never" (saved as None), or a dash for a policy saved before the gate's
+    threshold was kept (it was not chosen per penalty then)."""
+
+    def point(penalty: float, **gate) -> dict:
+        return {
+            "cost_penalty_per_usd": penalty,
+            "accuracy": 0.7,
+            "usd_per_1000": 1.0,
+            "on_frontier": True,
+            "learned_kinds": [],
+            **gate,
+        }
+
+    frontier = {
+        "folds": 3,
+        "items": 60,
+        "chosen": 20.0,
+        "fixed": [],
+        "points": [point(3.0, gate_z=1.0), point(20.0, gate_z=None), point(200.0)],
+    }
+    version = ConductorVersion.objects.create(
+        name="learned-g", backend="learned", config={"frontier": frontier}
+    )
+    job = TrainingJob.objects.create(
+        name="learned-g", backend=TrainingJob.Backend.LEARNED, status=JobStatus.SUCCEEDED, candidate=version
+    )
+    html = ml.get(reverse("training:job", args=[job.pk])).content.decode()
+    body = html.split('id="frontier-points"')[1].split("</tbody>")[0]
+    gates = [re.findall(r"<td[^>]*>(.*?)</td>", row)[4] for row in body.split("<tr")[2:]]
+    assert gates == ["1.0", '<span class="muted">never</span>', '<span class="muted">—</span>']
+
+
 # --- The dataset page's filter: a filter has an "items" key -------------------------------------
 
 
