@@ -295,7 +295,6 @@ def main() -> None:
     if args.write:
         write(
             args,
-            fit,
             rows,
             frontier,
             verdicts,
@@ -316,7 +315,7 @@ def main() -> None:
     print(json.dumps(goal))
 
 
-def write(args, fit, rows, frontier, verdicts, experiment, goal, n_train, n_eval, n_actions) -> None:
+def write(args, rows, frontier, verdicts, experiment, goal, n_train, n_eval, n_actions) -> None:
     def row(r: dict) -> str:
         cv = f"{r['cv_accuracy']:.3f} / {r['cv_usd_per_1000']:.2f}" if "cv_accuracy" in r else ""
         mark = " (frontier)" if r.get("on_frontier") else ""
@@ -366,7 +365,7 @@ policy's text-only path, as the tasks of a kind a deployment never labelled woul
 |---|---|---|
 """ + "\n".join(lines)
     checks_table = "\n".join(verdict(v) for v in verdicts)
-    extra = sorted({p.cost_penalty_per_usd for p in fit.points} - set(args.penalties))
+    extra = goal["penalties_added"]
     added = (
         f" and {', '.join(f'{p:g}' for p in extra)} added between them (`--refine {args.refine}`)"
         if extra

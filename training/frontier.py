@@ -166,7 +166,7 @@ def _z_scores(difference: np.ndarray, kinds: np.ndarray, rows: np.ndarray) -> di
 
 
 def _trusts(score: float, z: float) -> bool:
-    return math.isfinite(z) and score > -math.inf and score >= z
+    return math.isfinite(z) and score >= z
 
 
 def choose_gate_z(

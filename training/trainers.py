@@ -200,11 +200,10 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         if o["frontier"]
         else [config.cost_penalty_per_usd]
     )
-    refine = REFINE if len(penalties) > 1 else 0
     _log(
         job,
         f"cross-validating: {len(penalties)} cost penalties"
-        + (f" and up to {refine} more between them" if refine else "")
+        + (f" and up to {REFINE} more where the curve has gaps" if o["frontier"] else "")
         + f" x {folds} folds",
     )
 
@@ -221,7 +220,6 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         config,
         penalties=penalties,
         folds=folds,
-        refine=refine,
         on_fold=on_fold,
     )
     gate_policy(policy, items, fit)
