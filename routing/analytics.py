@@ -57,6 +57,11 @@ def _bucket(f: Filters):
     return TruncHour if f.until - f.since <= timedelta(days=3) else TruncDay
 
 
+def bucket_seconds(f: Filters) -> int:
+    """The length of the time charts' buckets: an hour, or a day over more than three days."""
+    return 3600 if _bucket(f) is TruncHour else 86400
+
+
 def cost_over_time(f: Filters, *, by: str) -> list[dict[str, Any]]:
     """Cost and steps per time bucket, by worker, vendor or conductor version."""
     field = {"worker": "worker_slug", "vendor": "vendor", "conductor": "conductor"}[by]

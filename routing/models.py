@@ -293,9 +293,24 @@ class Run(models.Model):
 
     @property
     def latency_s(self) -> float | None:
+        """Creation (the task's submission, for its live run) to the end: queueing included."""
         if self.finished_at is None:
             return None
         return (self.finished_at - self.created_at).total_seconds()
+
+    @property
+    def queued_s(self) -> float | None:
+        """Creation to the first worker's claim: time spent waiting in the queue."""
+        if self.started_at is None:
+            return None
+        return (self.started_at - self.created_at).total_seconds()
+
+    @property
+    def ran_s(self) -> float | None:
+        """The first claim to the end: the run's own time (a redelivery's included)."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
 
 
 class Decision(models.Model):

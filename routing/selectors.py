@@ -68,7 +68,9 @@ def task_search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
 
 def run_detail_queryset() -> QuerySet[Run]:
     return Run.objects.select_related("conductor_version", "task").prefetch_related(
-        Prefetch("decisions", queryset=Decision.objects.order_by("depth", "id")),
+        Prefetch(
+            "decisions", queryset=Decision.objects.select_related("parent_step").order_by("depth", "id")
+        ),
         Prefetch(
             "steps",
             queryset=Step.objects.select_related("worker").prefetch_related(

@@ -17,6 +17,7 @@ from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_
 from .forms import TaskSubmitForm
 from .models import Attempt, DataClass, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
+from .scoring.scorers import JUDGE, extract_answer, scorer_name
 from .services import SubmissionError, TaskSubmission, task_submit
 
 
@@ -140,7 +141,19 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
         raise Http404("No such task") from exc
     runs = list(task.runs.all())
     record_viewed(request=request, task=task, view="task page")
-    return render(request, "routing/task_detail.html", {"task": task, "runs": runs})
+    return render(
+        request, "routing/task_detail.html", {"task": task, "runs": runs, "scored": scored_as(task)}
+    )
+
+
+def scored_as(task: Task) -> dict[str, str] | None:
+    """The scorer that graded the task and, unless a judge did, the answer it read out of the final
+    answer: what a score of 0 next to a right-looking answer needs to be understood."""
+    if task.score is None:
+        return None
+    name = scorer_name(task.scorer, task.domain)
+    answer = "" if name == JUDGE else extract_answer(task.final_answer)
+    return {"scorer": name, "answer": answer}
 
 
 @role_required(*EVERYONE)
@@ -205,6 +218,7 @@ def analytics_page(request: HttpRequest) -> HttpResponse:
         "routing/analytics.html",
         {
             "data": data,
+            "bucket_s": analytics.bucket_seconds(filters),
             "filters": filters,
             "classes": DataClass.choices,
             "conductors": conductors,

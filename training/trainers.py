@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from audit.actions import Action
 from audit.services import event_record
+from audit.templatetags.display import plain, settings_text
 from routing import replay
 from routing.models import ConductorVersion
 from routing.secrets import redact
@@ -71,7 +72,7 @@ def run_job(job_id: int) -> None:
         )
     if restarted:
         _log(job, "restarted from the beginning: the process training it was lost")
-    _log(job, f"started ({job.backend}) with {job.options}")
+    _log(job, f"started ({job.backend}) with {settings_text(job.options)}")
     try:
         if job.backend == TrainingJob.Backend.LEARNED:
             artifact, config, notes = _train_learned(job)
@@ -225,7 +226,7 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     gate_policy(policy, items, fit)
     fallback = {k: actions[i].name for k, i in policy.fallback.items()}
     on_frontier = ", ".join(f"{p.cost_penalty_per_usd:g}" for p in fit.frontier)
-    _log(job, f"frontier (cross-validated): penalties {on_frontier}; falls back to {fallback or 'nothing'}")
+    _log(job, f"frontier (cross-validated): penalties {on_frontier}; falls back to {plain(fallback)}")
     first, last = curve[0], curve[-1]
     path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)

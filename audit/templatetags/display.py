@@ -58,3 +58,25 @@ def signed(value: Any, places: int = 3) -> str:
     if float(text.replace(",", "")) == 0:
         return text
     return ("+" if number > 0 else "\u2212") + text
+
+
+@register.filter
+def plain(value: Any) -> str:
+    """A setting's value as a person reads it, not as Python prints it: none, yes/no, 0.5, a, b and
+    key → value; … (used by pages and by the logs they show)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(plain(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} \u2192 {plain(v)}" for k, v in value.items()) if value else "none"
+    return str(value)
+
+
+def settings_text(options: dict[str, Any]) -> str:
+    """Settings as `name = value · …`, each value `plain`."""
+    return " \u00b7 ".join(f"{name} = {plain(value)}" for name, value in options.items()) or "defaults"

@@ -5,6 +5,7 @@ with what was expected.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,24 @@ class Report:
             return min(located, key=lambda p: p.event_id or p.near_id or 0)
         return self.problems[0] if self.problems else None
 
+    @property
+    def checkpoint_at_text(self) -> str:
+        """When the checkpoint was made, as the pages write times (2026-11-26 20:45:30 UTC)."""
+        if not self.checkpoint_at:
+            return ""
+        at = datetime.fromisoformat(self.checkpoint_at)
+        return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at.tzinfo else self.checkpoint_at
+
     def summary(self) -> str:
         if self.intact:
             proof = (
-                f"; checkpoint {self.checkpoint_number or self.checkpoint_id} ({self.checkpoint_at}) verifies"
+                f"; checkpoint {self.checkpoint_number or self.checkpoint_id} ({self.checkpoint_at_text}) verifies"
                 if self.checkpoint_id or self.checkpoint_number
                 else ""
             )
-            return f"intact up to event {self.last_event_id} ({self.events} events in {self.chains} chains){proof}"
+            events = f"{self.events} event{'' if self.events == 1 else 's'}"
+            chains = f"{self.chains} chain{'' if self.chains == 1 else 's'}"
+            return f"intact up to event {self.last_event_id} ({events} in {chains}){proof}"
         first = self.first_problem
         assert first is not None
         return f"NOT INTACT: {first.sentence()} ({len(self.problems)} problem(s) in all)"

@@ -4,14 +4,24 @@
   const data = JSON.parse(document.getElementById("analytics-data").textContent);
   const color = Charts.palette([].concat(...Object.values(data).map((rows) => rows.map((r) => r.worker || r.vendor || r.conductor || r.name))));
 
+  // Bars one time bucket wide (an hour or a day: the server's grain, on the chart's element), centred
+  // in their bucket: with a single bucket Plotly would otherwise draw a bar a millisecond wide and an
+  // axis of milliseconds. The legend is always shown, so a single series is named.
   function stacked(id, rows, key, value, yTitle) {
     if (!rows.length) return Charts.empty(id, "No steps in this period. Submit tasks or widen the period.");
+    const grain = Number(document.getElementById(id).dataset.bucketS) * 1000;
+    const mid = (r) => new Date(Date.parse(r.bucket) + grain / 2).toISOString();
     const groups = [...new Set(rows.map((r) => r[key]))];
     const traces = groups.map((g) => {
       const mine = rows.filter((r) => r[key] === g);
-      return { type: "bar", name: g, x: mine.map((r) => r.bucket), y: mine.map((r) => Number(r[value])), marker: { color: color(g) } };
+      return {
+        type: "bar", name: g, x: mine.map(mid), y: mine.map((r) => Number(r[value])), width: mine.map(() => grain * 0.9),
+        marker: { color: color(g) },
+      };
     });
-    Charts.plot(id, traces, { barmode: "stack", yaxis: { title: yTitle } });
+    const starts = rows.map((r) => Date.parse(r.bucket));
+    const range = [Math.min(...starts) - grain, Math.max(...starts) + 2 * grain].map((t) => new Date(t).toISOString());
+    Charts.plot(id, traces, { barmode: "stack", showlegend: true, xaxis: { type: "date", range }, yaxis: { title: yTitle } });
   }
 
   stacked("chart-cost-worker", data.cost_by_worker, "worker", "cost_usd", "USD");
@@ -25,7 +35,8 @@
     const point = (rows, name, symbol) => ({
       type: "scatter", mode: "markers+text", name, x: rows.map((r) => Number(r.usd_per_1000)), y: rows.map((r) => r.accuracy),
       // Every point says how many runs it stands for: one shadow run at accuracy 0 reads as n=1.
-      text: rows.map((r) => r.name + " (n=" + r.runs + ")"), textposition: "top center", cliponaxis: false,
+      text: rows.map((r) => r.name + " (n=" + r.runs + ")"), cliponaxis: false,
+      textposition: Charts.alternate(rows.map((r) => r.usd_per_1000), "top center", "bottom center"),
       marker: { size: 12, symbol, line: { width: rows.map((r) => (r.pareto ? 3 : 0)), color: "#1d2330" } },
       hovertext: rows.map((r) => r.name + ": accuracy " + r.accuracy.toFixed(3) + ", $" + Number(r.usd_per_1000).toFixed(2) + " per 1,000 tasks (" + r.runs + " runs)"),
       hoverinfo: "text",
@@ -35,7 +46,7 @@
       point(workers, "final worker", "circle"),
       point(conductors, "conductor version", "diamond"),
       { type: "scatter", mode: "lines", name: "Pareto front", x: front.map((r) => Number(r.usd_per_1000)), y: front.map((r) => r.accuracy), line: { dash: "dot", color: "#8a93a3" }, hoverinfo: "skip" },
-    ], { xaxis: { title: "USD per 1,000 tasks", type: "log" }, yaxis: { title: "accuracy", range: [0, 1.05] } });
+    ], { xaxis: { title: "USD per 1,000 tasks", type: "log", dtick: "D2", tickprefix: "$" }, yaxis: { title: "accuracy", range: [0, 1.1] }, margin: { l: 60, r: 120 } });
   }
 
   const routing = data.routing_by_domain;

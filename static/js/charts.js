@@ -4,7 +4,11 @@
 // Data comes from json_script blocks or JSON responses and reaches Plotly as data, never as HTML.
 window.Charts = (function () {
   "use strict";
-  const base = { margin: { l: 60, r: 20, t: 10, b: 50 }, height: 320, paper_bgcolor: "#fff", plot_bgcolor: "#fff", legend: { orientation: "h" } };
+  // The legend sits above the plot, clear of the x axis's ticks and title (below, it covered them).
+  const base = {
+    margin: { l: 60, r: 20, t: 10, b: 50 }, height: 320, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
+    legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" },
+  };
   const config = { displayModeBar: false, responsive: true };
   const PALETTE = ["#2456c7", "#e07b00", "#1d7a3e", "#b42318", "#6f42c1", "#00838f", "#9a6700", "#c2185b", "#546e7a", "#7cb342", "#5d4037"];
   const drawn = [];
@@ -38,6 +42,15 @@ window.Charts = (function () {
     return Live.visible(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
+  // Text positions for labelled points that alternate above and below along the x axis, so that
+  // neighbours' labels do not print over each other.
+  function alternate(xs, first, second) {
+    const order = xs.map((x, i) => [Number(x), i]).sort((a, b) => a[0] - b[0]);
+    const out = new Array(xs.length);
+    order.forEach(([, i], k) => { out[i] = k % 2 ? second : first; });
+    return out;
+  }
+
   // Draw (or redraw in place) a chart; the page's ready mark waits for it.
   function plot(target, traces, own) {
     const el = typeof target === "string" ? document.getElementById(target) : target;
@@ -53,5 +66,5 @@ window.Charts = (function () {
     return Promise.all(drawn).then(() => { document.body.dataset.chartsReady = "1"; });
   }
 
-  return { config, layout, palette, empty, plot, ready, text };
+  return { config, layout, palette, empty, plot, ready, text, alternate };
 })();

@@ -205,9 +205,9 @@
       { type: "scatter", mode: "markers", name: "learned (off the frontier)", x: off.map((p) => p.usd_per_1000), y: off.map((p) => p.accuracy),
         marker: { size: 7, color: "#f2a7a8" }, hovertext: off.map((p) => "penalty " + p.cost_penalty_per_usd + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
       { type: "scatter", mode: "lines+markers+text", name: "learned frontier", x: best.map((p) => p.usd_per_1000), y: best.map((p) => p.accuracy),
-        text: best.map((p) => "λ=" + p.cost_penalty_per_usd), textposition: "top left", line: { color: "#d62728" }, marker: { size: 10, color: "#d62728", symbol: "star" },
+        text: best.map((p) => "λ=" + p.cost_penalty_per_usd), textposition: Charts.alternate(best.map((p) => p.usd_per_1000), "top left", "bottom right"), line: { color: "#d62728" }, marker: { size: 10, color: "#d62728", symbol: "star" },
         hovertext: best.map((p) => "penalty " + p.cost_penalty_per_usd + ": accuracy " + p.accuracy.toFixed(3) + ", " + usd(p.usd_per_1000)), hoverinfo: "text" },
-    ], { height: 380, xaxis: { title: "USD per 1,000 tasks (log scale)", type: "log" }, yaxis: { title: "accuracy" } });
+    ], { height: 380, xaxis: { title: "USD per 1,000 tasks (log scale)", type: "log", dtick: "D2", tickprefix: "$" }, yaxis: { title: "accuracy" } });
     Charts.ready();
   }
 })();

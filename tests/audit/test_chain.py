@@ -535,3 +535,15 @@ def test_an_action_not_declared_in_the_one_list_is_refused_and_nothing_is_writte
     with pytest.raises(ValueError, match="declare it in audit.actions.Action"), transaction.atomic():
         event_record(actor=Actor.for_user(user), action="note.added", obj=user)
     assert AuditEvent.objects.count() == before
+
+
+def test_the_summary_counts_in_words_and_writes_the_checkpoints_time_as_the_pages_do():
+    """The dossier read "(11 events in 1 chains)" and a checkpoint at "2026-11-26T20:45:30.352748+00:00"."""
+    from audit.verify.report import Report
+
+    report = Report(events=11, chains=1, last_event_id=40, checkpoint_number=3)
+    report.checkpoint_at = "2026-11-26T21:45:30.352748+01:00"
+    assert report.summary() == (
+        "intact up to event 40 (11 events in 1 chain); checkpoint 3 (2026-11-26 20:45:30 UTC) verifies"
+    )
+    assert "(1 event in 2 chains)" in Report(events=1, chains=2, last_event_id=1).summary()

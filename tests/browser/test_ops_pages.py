@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import Page, expect
 
 from audit.models import Role
 from routing import engine, replay
 from routing.models import Task
-from routing.services import TaskSubmission, task_submit
+from routing.services import TaskSubmission, conductor_active, task_submit
 from tests.browser.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,6 +52,23 @@ def test_the_analytics_charts_render_with_data(page: Page, replay_runs, log_in, 
     expect(page.locator("#chart-pareto .ytitle")).to_have_text("accuracy")
     expect(page.locator("#chart-cost-worker .ytitle")).to_have_text("USD")
     expect(page.locator("#chart-routing .xtitle")).to_have_text("share of steps")
+    # Every run fell in one hour: the time charts drew a bar one hour wide on an axis of hours, not a
+    # bar a millisecond wide on an axis of milliseconds (23:59:59.9996 ... 00:00:00.0004), and the one
+    # conductor version is named in a legend.
+    for chart in ("chart-cost-worker", "chart-volume-vendor", "chart-cost-conductor"):
+        span_ms = page.evaluate(
+            f"() => {{ const r = document.getElementById('{chart}')._fullLayout.xaxis.range;"
+            " return new Date(r[1]) - new Date(r[0]); }"
+        )
+        assert span_ms >= 3 * 3600 * 1000, (chart, span_ms)
+        ticks = page.locator(f"#{chart} .xtick text").all_text_contents()
+        assert ticks and not any(re.search(r"\d:\d\d\.\d", t) for t in ticks), (chart, ticks)
+    expect(page.locator("#chart-cost-conductor .legend")).to_contain_text(conductor_active().name)
+    # Legends sit above the plot, clear of the x axis's ticks and title.
+    for chart in ("chart-cost-worker", "chart-cost-conductor", "chart-pareto", "chart-routing"):
+        legend = page.locator(f"#{chart} .legend").bounding_box()
+        plot = page.locator(f"#{chart} .nsewdrag").first.bounding_box()
+        assert legend and plot and legend["y"] + legend["height"] <= plot["y"] + 1, (chart, legend, plot)
     screenshot("analytics")
 
 

@@ -179,3 +179,21 @@ def test_a_job_page_left_open_says_nothing_was_registered_once_the_job_is_cancel
     wait_until(page, "document.body.dataset.jobFinished === '1'")
     expect(page.locator("#job-candidate")).to_have_text("none: the job was cancelled, nothing was registered")
     expect(page.locator("#job-status")).to_have_text("Cancelled")
+
+
+def test_the_versions_table_keeps_names_and_notes_readable_beside_the_actions(page: Page, log_in):
+    """With the action buttons kept on one line, "learned-v1" broke into "learn / ed-v1" and a
+    one-sentence note took five lines."""
+    from routing.models import ConductorVersion
+
+    ConductorVersion.objects.create(
+        name="learned-v1", backend="learned", notes="GRPO on 1472 recorded items; mean reward 0.721 -> 0.788"
+    )
+    page.set_viewport_size({"width": WIDTH, "height": 900})
+    log_in("mira", Role.ML_STAFF)
+    page.goto("/training/")
+    row = page.locator("tr", has=page.locator("strong", has_text="learned-v1"))
+    expect(row.locator("td.actions button", has_text="Promote")).to_be_visible()
+    lines = "(el) => { const r = document.createRange(); r.selectNodeContents(el); return r.getClientRects().length; }"
+    assert row.locator("strong").evaluate(lines) == 1  # the name on one line
+    assert row.locator("td.notes").evaluate(lines) <= 3  # the note not a word or two a line

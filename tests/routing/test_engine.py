@@ -228,8 +228,8 @@ def test_a_client_error_is_not_retried(live_pool):
     assert len(server.requests_for("alpha")) == 1
 
 
-def test_conductor_as_a_worker_recurses_and_the_nested_answer_is_final(live_pool):
-    server = live_pool["server"]
+def program_recursion(server) -> None:
+    """The conductor plans alpha, then itself as step 1; called as that step, it plans gamma."""
     outer = plan_json(("alpha", "Draft", []), ("conductor", "Decide whether to check the draft", "all"))
     inner = plan_json(("gamma", "Check the draft", "all"))
 
@@ -240,6 +240,11 @@ def test_conductor_as_a_worker_recurses_and_the_nested_answer_is_final(live_pool
     server.program("conductor", conductor)
     server.program("alpha", [Reply("draft answer")])
     server.program("gamma", [Reply("checked answer")])
+
+
+def test_conductor_as_a_worker_recurses_and_the_nested_answer_is_final(live_pool):
+    server = live_pool["server"]
+    program_recursion(server)
 
     run = run_now(submit(max_depth=1))
 

@@ -6,6 +6,7 @@ import io
 import json
 import re
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -14,9 +15,10 @@ from django.test import Client
 
 from audit.models import AuditEvent, Role
 from routing import engine
-from routing.models import Task
+from routing.models import Run, Step, Task
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
+from tests.routing.test_engine import program_recursion
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -292,6 +294,58 @@ def test_the_task_page_shows_steps_workers_and_costs(client, live_pool):
     assert "0.000140" in html  # alpha: 100 * $1/M + 20 * $2/M
     assert "0.000645" in html  # gamma: 200 * $3/M + 3 * $15/M
     assert "<td>all earlier</td>" in html and "<td>nothing</td>" in html
+
+
+def test_the_run_says_how_long_it_ran_and_apart_how_long_it_waited_in_the_queue(client, live_pool):
+    """A run that waited 30 s for a worker and then ran in well under a second read "Succeeded in
+    30.2 s": its creation to its end, the queue counted as running time."""
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
+    server.program("alpha", [Reply("42")])
+    task = submit("What is 6 * 7?")
+    run = task.runs.get()
+    Run.objects.filter(pk=run.pk).update(created_at=run.created_at - timedelta(seconds=30))
+    engine.execute_run(run.pk)
+    run.refresh_from_db()
+    assert run.queued_s >= 30 and run.ran_s < 10 and run.latency_s == pytest.approx(run.queued_s + run.ran_s)
+
+    html = page(client, f"/tasks/{task.pk}/")
+
+    said = re.search(r"Succeeded</span>\s*in ([\d.]+) s, after ([\d.]+) s in the queue", html)
+    assert said, html
+    assert float(said[1]) == pytest.approx(run.ran_s, abs=0.01) and float(said[2]) >= 30
+
+
+def test_the_score_says_which_scorer_graded_and_the_answer_it_read_out_of_the_final_answer(client, live_pool):
+    """The page showed "Score 0.00 (auto scorer)" beside a final answer in a JSON fence: nothing said
+    which scorer "auto" meant, nor what it compared with the reference."""
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
+    server.program("alpha", [Reply('```json\n{"reasoning": "4 * 44 = 176", "answer": "<b>176</b>"}\n```')])
+    task, _ = task_submit(
+        submission=TaskSubmission(text="What is 4 * 44?", reference="175", domain="gsm8k"),
+        source=Task.Source.API,
+    )
+    engine.execute_run(task.runs.get().pk)
+
+    html = page(client, f"/tasks/{task.pk}/")
+
+    score = re.search(r'<dd id="task-score">(.*?)</dd>', html, re.S)
+    assert score, html
+    assert score[1] == "0.00 (numeric scorer) · the answer it read: <code>&lt;b&gt;176&lt;/b&gt;</code>"
+
+
+def test_a_nested_plan_names_the_step_it_came_from_by_its_number_on_the_page(client, live_pool):
+    """The nested plan's heading said "from step 87" (the step's database id) above steps numbered 0 and 1."""
+    program_recursion(live_pool["server"])
+    task, _ = task_submit(submission=TaskSubmission(text="Check it", max_depth=1), source=Task.Source.API)
+    engine.execute_run(task.runs.get().pk)
+    parent = Step.objects.get(run__task=task, worker_slug="conductor")
+    assert parent.index == 1 and parent.pk != 1
+
+    html = page(client, f"/tasks/{task.pk}/")
+
+    assert "Nested plan (depth 1, from step 1)" in html
 
 
 def test_the_task_list_shows_who_answered_where_it_went_and_filters_by_them(client, live_pool):

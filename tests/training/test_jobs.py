@@ -66,6 +66,9 @@ def test_a_learned_job_runs_on_the_training_queue_and_registers_a_candidate(
         action="conductorversion.registered", object_id=str(candidate.pk)
     ).exists()
     assert "finished: candidate learned-job" in job.log
+    # The log reads as the page shows settings, not as Python prints a dict (None, {'folds': 3}).
+    assert "started (learned) with " in job.log and "limit = 80" in job.log and "split = train" in job.log
+    assert "None" not in job.log and "{'" not in job.log and "falls back to " in job.log
 
 
 @pytest.mark.integration
