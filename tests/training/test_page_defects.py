@@ -226,6 +226,8 @@ def test_the_job_page_shows_settings_and_its_log_as_a_person_reads_them_not_as_p
     assert "limit = none" in settings_row and "penalties = 0, 3.5" in settings_row
     assert "shadow = no" in settings_row
     assert "None" not in settings_row
+    # A learned job's steps are its epochs: "40/40 steps" sat beside "epochs = 40".
+    assert re.search(r'<span id="job-step">0/0</span> <span class="muted">epochs</span>', html)
     assert (
         settings_text(options)
         == "folds = 3 · limit = none · split = train · penalties = 0, 3.5 · shadow = no"
