@@ -36,7 +36,7 @@
       type: "scatter", mode: "markers+text", name, x: rows.map((r) => Number(r.usd_per_1000)), y: rows.map((r) => r.accuracy),
       // Every point says how many runs it stands for: one shadow run at accuracy 0 reads as n=1.
       text: rows.map((r) => r.name + " (n=" + r.runs + ")"), cliponaxis: false,
-      textposition: Charts.alternate(rows.map((r) => r.usd_per_1000), "top center", "bottom center"),
+      textposition: Charts.alternate(rows.map((r) => r.usd_per_1000), "top center", "bottom center", "middle right"),
       marker: { size: 12, symbol, line: { width: rows.map((r) => (r.pareto ? 3 : 0)), color: "#1d2330" } },
       hovertext: rows.map((r) => r.name + ": accuracy " + r.accuracy.toFixed(3) + ", $" + Number(r.usd_per_1000).toFixed(2) + " per 1,000 tasks (" + r.runs + " runs)"),
       hoverinfo: "text",

@@ -42,12 +42,12 @@ window.Charts = (function () {
     return Live.visible(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
-  // Text positions for labelled points that alternate above and below along the x axis, so that
+  // Text positions for labelled points, taken in turn along the x axis (above, below, ...), so that
   // neighbours' labels do not print over each other.
-  function alternate(xs, first, second) {
+  function alternate(xs, ...positions) {
     const order = xs.map((x, i) => [Number(x), i]).sort((a, b) => a[0] - b[0]);
     const out = new Array(xs.length);
-    order.forEach(([, i], k) => { out[i] = k % 2 ? second : first; });
+    order.forEach(([, i], k) => { out[i] = positions[k % positions.length]; });
     return out;
   }
 

@@ -197,6 +197,8 @@ def test_the_versions_table_keeps_names_and_notes_readable_beside_the_actions(pa
     lines = "(el) => { const r = document.createRange(); r.selectNodeContents(el); return r.getClientRects().length; }"
     assert row.locator("strong").evaluate(lines) == 1  # the name on one line
     assert row.locator("td.notes").evaluate(lines) <= 3  # the note not a word or two a line
+    for button in row.locator("td.actions button").all():  # "Previe / w": no label broken inside its button
+        assert button.evaluate(lines) == 1, button.inner_text()
 
 
 def test_the_format_term_checkbox_sits_beside_its_label(page: Page, log_in):
