@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -80,3 +81,16 @@ def plain(value: Any) -> str:
 def settings_text(options: dict[str, Any]) -> str:
     """Settings as `name = value · …`, each value `plain`."""
     return " \u00b7 ".join(f"{name} = {plain(value)}" for name, value in options.items()) or "defaults"
+
+
+@register.filter
+def time_text(value: Any) -> str:
+    """A moment written as ISO 8601 (what records and exports keep), as the pages write times:
+    2026-11-26 20:45:30 UTC. Text that is no such moment is shown as it is."""
+    if not value:
+        return ""
+    try:
+        at = datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at.tzinfo else str(value)

@@ -5,7 +5,8 @@ with what was expected.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+
+from ..templatetags.display import time_text
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,7 @@ class Report:
     @property
     def checkpoint_at_text(self) -> str:
         """When the checkpoint was made, as the pages write times (2026-11-26 20:45:30 UTC)."""
-        if not self.checkpoint_at:
-            return ""
-        at = datetime.fromisoformat(self.checkpoint_at)
-        return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at.tzinfo else self.checkpoint_at
+        return time_text(self.checkpoint_at)
 
     def summary(self) -> str:
         if self.intact:

@@ -8,7 +8,7 @@ import io
 import json
 import re
 import tracemalloc
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection, transaction
@@ -189,7 +189,7 @@ def test_the_dossier_download_is_one_self_contained_file_with_the_events_and_esc
     server.program("alpha", [Reply("<script>alert(1)</script>")])
     run = run_now(submit("Say <b>hi</b>"))
     assert run.status == RunStatus.SUCCEEDED, run.error
-    checkpoint_create()
+    checkpoint = checkpoint_create()
 
     response = auditor.get(f"/audit/tasks/{run.task_id}/", {"download": "1"})
 
@@ -208,6 +208,9 @@ def test_the_dossier_download_is_one_self_contained_file_with_the_events_and_esc
     for event in events:
         assert event.hash in html and event.action in html
     assert "intact up to event" in html
+    # The checkpoint's time as the pages write times, not "2026-11-26T21:22:31.531407+00:00".
+    at = checkpoint.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"Latest signed checkpoint: {checkpoint.number} at {at} · key" in html
 
 
 # --- bounded memory -----------------------------------------------------------------------------
