@@ -66,8 +66,10 @@ class LearnedConductor:
             named = chosen.__class__(chosen.kind, tuple(allowed[w.lower()] for w in chosen.workers))
             plan = named.plan(request.task_text)  # workers, judges included, as the pool names them
             index = self.policy.actions.index(chosen)
-            sampled = " sampled" if temperature is not None and temperature > 0 else ""
-            plan["thought"] += f" (p={float(p[index]):.2f}{sampled})"
+            sampled = ", sampled" if temperature is not None and temperature > 0 else ""
+            plan["thought"] += (
+                f" (the policy's probability for this workflow: {float(p[index]):.2f}{sampled})"
+            )
             kind = self.policy.kind(request.domain)
             if not sampled and self.policy.fallback.get(kind) == index:
                 plan["thought"] += (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 
 import pytest
@@ -134,6 +135,11 @@ def test_with_a_temperature_the_learned_conductor_samples_its_workflow(tmp_path)
         return json.loads(conductor.propose(_request(**extra)).raw_output)["steps"][0]["worker"]
 
     assert {pick() for _ in range(5)} == {"a"}  # greedy without a temperature
+    # The thought says what its number is ("(p=0.62)" read as nothing to an operator or an auditor).
+    thought = json.loads(conductor.propose(_request()).raw_output)["thought"]
+    assert re.search(r"\(the policy's probability for this workflow: 0\.\d\d\)$", thought), thought
+    sampled_thought = json.loads(conductor.propose(_request(temperature=1.0, seed=1)).raw_output)["thought"]
+    assert sampled_thought.endswith(", sampled)"), sampled_thought
     assert {pick(temperature=0.0, seed=s) for s in range(5)} == {"a"}
     sampled = [pick(temperature=1.0, seed=s) for s in range(200)]
     assert set(sampled) == {"a", "b", "c"} and sampled.count("a") > sampled.count("c")
