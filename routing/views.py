@@ -7,7 +7,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from audit import params
-from audit.models import Role
+from audit.actions import Action
+from audit.models import AuditEvent, Role
 from audit.pagination import page
 from audit.roles import EVERYONE, role_required
 from audit.services import record_viewed
@@ -15,9 +16,8 @@ from audit.services import record_viewed
 from . import analytics, ops, replay, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
-from .models import Attempt, DataClass, RunStatus, StopReason, Task
+from .models import Attempt, DataClass, Run, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
-from .scoring.scorers import JUDGE, extract_answer, scorer_name
 from .services import SubmissionError, TaskSubmission, task_submit
 
 
@@ -142,18 +142,25 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
     runs = list(task.runs.all())
     record_viewed(request=request, task=task, view="task page")
     return render(
-        request, "routing/task_detail.html", {"task": task, "runs": runs, "scored": scored_as(task)}
+        request, "routing/task_detail.html", {"task": task, "runs": runs, "scored": scored_as(task, runs)}
     )
 
 
-def scored_as(task: Task) -> dict[str, str] | None:
-    """The scorer that graded the task and, unless a judge did, the answer it read out of the final
-    answer: what a score of 0 next to a right-looking answer needs to be understood."""
+def scored_as(task: Task, runs: list[Run]) -> dict[str, str] | None:
+    """The scorer that graded the task's answer and the answer it read out of it, as the run's end
+    recorded them (routing.engine.finish): what a score of 0 next to a right-looking answer needs."""
     if task.score is None:
         return None
-    name = scorer_name(task.scorer, task.domain)
-    answer = "" if name == JUDGE else extract_answer(task.final_answer)
-    return {"scorer": name, "answer": answer}
+    graded = [str(r.pk) for r in runs if r.kind in (Run.Kind.LIVE, Run.Kind.RETRY)]
+    event = (
+        AuditEvent.objects.filter(task_id=task.pk, action=Action.RUN_SUCCEEDED, object_id__in=graded)
+        .order_by("-id")
+        .values_list("payload", flat=True)
+        .first()
+    )
+    if not event:
+        return None
+    return {"scorer": event.get("scorer") or "", "answer": event.get("extracted_answer") or ""}
 
 
 @role_required(*EVERYONE)

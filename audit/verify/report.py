@@ -50,15 +50,10 @@ class Report:
             return min(located, key=lambda p: p.event_id or p.near_id or 0)
         return self.problems[0] if self.problems else None
 
-    @property
-    def checkpoint_at_text(self) -> str:
-        """When the checkpoint was made, as the pages write times (2026-11-26 20:45:30 UTC)."""
-        return time_text(self.checkpoint_at)
-
     def summary(self) -> str:
         if self.intact:
             proof = (
-                f"; checkpoint {self.checkpoint_number or self.checkpoint_id} ({self.checkpoint_at_text}) verifies"
+                f"; checkpoint {self.checkpoint_number or self.checkpoint_id} ({time_text(self.checkpoint_at)}) verifies"
                 if self.checkpoint_id or self.checkpoint_number
                 else ""
             )
