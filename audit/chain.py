@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -107,6 +108,82 @@ def _remember(chain: str, seq: int, hash_: str) -> None:
     _HEADS[chain] = (seq, hash_)
 
 
+def forget(chain: str) -> None:
+    """Drop this process's guess of the chain's head (the next append reads it under its lock)."""
+    _HEADS.pop(chain, None)
+
+
+def _checked(fields: dict[str, Any]) -> dict[str, Any]:
+    try:
+        fields["action"] = str(Action(fields["action"]))
+    except ValueError:
+        raise ValueError(
+            f"unknown audit action {fields['action']!r}: declare it in audit.actions.Action"
+        ) from None
+    return fields
+
+
+@dataclass
+class Planned:
+    """Events to append to a chain, built on the head `expect` (seq, hash): written by `append_sql` in
+    a statement that moves the head only if it is still that one."""
+
+    chain: str
+    expect: tuple[int, str]
+    events: list[AuditEvent]
+
+
+def plan(chain: str, events: list[dict[str, Any]], *, lock: bool = False) -> Planned | None:
+    """Events (their fields, as `append` takes them) built on the head this process remembers, or with
+    `lock` on the head read under its lock when it remembers none (then never None). Without `lock`,
+    None when it remembers no head. Its action must be one of audit.actions.Action."""
+    events = [_checked(dict(fields)) for fields in events]
+    known = _HEADS.get(chain)
+    if known is None:
+        if not lock:
+            return None
+        head = _lock_head(chain)
+        if head.sealed:
+            raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
+        known = (head.seq, head.hash)
+    built, (seq, hash_) = [], known
+    for fields in events:
+        event = _event(chain, seq, hash_, fields)
+        built.append(event)
+        seq, hash_ = event.seq, event.hash
+    return Planned(chain=chain, expect=known, events=built)
+
+
+def append_sql(planned: Planned, *, guard: str = "") -> tuple[list[str], list[Any]]:
+    """The planned events as common table expressions of one statement: `h` moves the chain's head to
+    the last event if it is still `expect` and not sealed (`guard`: a further condition), which locks
+    it; `e0`, `e1`, ... insert the events, only if `h` moved it, each RETURNING its id."""
+    last = planned.events[-1]
+    fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    ctes = [
+        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s "  # noqa: S608 - names, not data
+        f"WHERE chain = %s AND seq = %s AND hash = %s AND NOT sealed{guard} RETURNING 1)"
+    ]
+    params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
+    for i, event in enumerate(planned.events):
+        ctes.append(
+            f"e{i} AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
+            f"SELECT {', '.join(['%s'] * len(fields))} FROM h RETURNING id)"
+        )
+        params.extend(f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields)
+    return ctes, params
+
+
+def appended(planned: Planned, ids: list[int]) -> None:
+    """The planned events were written (with these ids): this process remembers the chain's new head."""
+    for event, pk in zip(planned.events, ids, strict=True):
+        event.pk = pk
+        event._state.adding = False
+    last = planned.events[-1]
+    _remember(planned.chain, last.seq, last.hash)
+
+
 def append(*, chain: str, **fields: Any) -> AuditEvent:
     """Append one event to a chain. The caller's transaction holds the chain head until it commits.
     Its action must be one of audit.actions.Action (stored as the plain string).
@@ -116,26 +193,25 @@ def append(*, chain: str, **fields: Any) -> AuditEvent:
     same statement (which locks it). Anything else (a head another process moved, a rolled-back
     append, a new chain) takes the head's lock first and builds on what it reads.
     """
-    try:
-        fields["action"] = str(Action(fields["action"]))
-    except ValueError:
-        raise ValueError(
-            f"unknown audit action {fields['action']!r}: declare it in audit.actions.Action"
-        ) from None
-    known = _HEADS.get(chain)
-    if known is not None:
-        event = _event(chain, known[0], known[1], fields)
-        if _insert_advancing_head(event, expect=known):
-            _remember(chain, event.seq, event.hash)
-            return event
-    head = _lock_head(chain)
-    if head.sealed:
-        raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
-    event = _event(chain, head.seq, head.hash, fields)
-    if not _insert_advancing_head(event):  # the head was locked by this transaction: it cannot have gone
-        raise RuntimeError(f"audit chain {chain} has no head")
-    _remember(chain, event.seq, event.hash)
-    return event
+    planned = plan(chain, [fields])
+    if planned is None or not _insert(planned):
+        forget(chain)
+        planned = plan(chain, [fields], lock=True)
+        assert planned is not None
+        if not _insert(planned):  # the head was locked by this transaction: it cannot have gone
+            raise RuntimeError(f"audit chain {chain} has no head")
+    return planned.events[0]
+
+
+def _insert(planned: Planned) -> bool:
+    ctes, params = append_sql(planned)
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} SELECT id FROM e0", params)  # noqa: S608 - names, not data
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    appended(planned, [row[0]])
+    return True
 
 
 def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:
@@ -150,32 +226,6 @@ def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) ->
         occurred_at=occurred_at,
         **fields,
     )
-
-
-def _insert_advancing_head(event: AuditEvent, expect: tuple[int, str] | None = None) -> bool:
-    """Move the chain's head to the event and INSERT it, in one statement. With `expect`, only if the
-    head is still that (seq, hash) and not sealed; the UPDATE locks the head either way. Returns
-    whether the event was inserted."""
-    fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields]
-    guard, guard_params = "", []
-    if expect is not None:
-        guard, guard_params = " AND seq = %s AND hash = %s AND NOT sealed", list(expect)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s "  # noqa: S608 - names, not data
-            f"WHERE chain = %s{guard} RETURNING 1) "
-            f"INSERT INTO {AuditEvent._meta.db_table} ({columns}) "
-            f"SELECT {', '.join(['%s'] * len(fields))} FROM h RETURNING id",
-            [event.seq, event.hash, event.occurred_at, event.chain, *guard_params, *values],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return False
-    event.pk = row[0]
-    event._state.adding = False
-    return True
 
 
 def seal(*, chain: str) -> ChainHead:

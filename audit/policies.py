@@ -248,9 +248,12 @@ def rules_as_of(stamp: str) -> list[PolicyRule]:
     return rules
 
 
-def screen(workers: list[Any], classification: str) -> tuple[list[Any], dict[str, Verdict]]:
-    """Split workers into those the conductor may name and those withheld, with the verdict for each."""
-    rules = active_rules()
+def screen(
+    workers: list[Any], classification: str, rules: list[PolicyRule] | None = None
+) -> tuple[list[Any], dict[str, Verdict]]:
+    """Split workers into those the conductor may name and those withheld, with the verdict for each
+    (under `rules`, or the active rules read now)."""
+    rules = active_rules() if rules is None else rules
     allowed, withheld = [], {}
     for worker in workers:
         verdict = judge(worker, classification, rules)

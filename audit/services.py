@@ -69,16 +69,39 @@ def event_record(
         raise RuntimeError("audit events must be written inside the transaction of the change")
     return chain.append(
         chain=chain.chain_for(correlation_id),
-        actor_type=actor.type,
-        actor_id=actor.id,
-        actor_name=actor.name,
-        action=action,
-        object_type=obj._meta.model_name,
-        object_id=str(obj.pk),
-        task_id=task_id,
-        correlation_id=correlation_id,
-        payload=_jsonable(payload or {}),
+        **event_fields(
+            actor=actor,
+            action=action,
+            obj=obj,
+            payload=payload,
+            task_id=task_id,
+            correlation_id=correlation_id,
+        ),
     )
+
+
+def event_fields(
+    *,
+    actor: Actor,
+    action: str,
+    obj: Any,
+    payload: dict[str, Any] | None = None,
+    task_id: uuid.UUID | None = None,
+    correlation_id: uuid.UUID | None = None,
+) -> dict[str, Any]:
+    """An event's fields, as `chain.append` and `chain.plan` take them (for a caller that writes its
+    change and its events in one statement: the engine)."""
+    return {
+        "actor_type": actor.type,
+        "actor_id": actor.id,
+        "actor_name": actor.name,
+        "action": action,
+        "object_type": obj._meta.model_name,
+        "object_id": str(obj.pk),
+        "task_id": task_id,
+        "correlation_id": correlation_id,
+        "payload": _jsonable(payload or {}),
+    }
 
 
 def run_chain_seal(*, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | None) -> AuditEvent:

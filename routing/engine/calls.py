@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -34,7 +35,7 @@ from ..models import (
 )
 from ..plans import visible_indices
 from ..providers import Completion, ProviderCallError, complete, worker_api_key
-from .record import Fence, RunStopped, claim_current, fenced_write, record_event
+from .record import Fence, RunStopped, Writes, claim_current, write_once
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,7 @@ def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
             made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
         )
         call = Call(step=step, worker=worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])
-    with fenced_write(run, rules=True) as fenced:
-        stopped = _start(run, call, visible, fenced)
+    stopped = write_once(run, partial(_start, run, call, visible))
     if stopped is not None:
         raise stopped
     return call
@@ -166,32 +166,32 @@ def starts_with_the_last(step: Step) -> bool:
     )
 
 
-def begin_next(run: Run, step: Step, visible: list[Step], fenced: Fence) -> tuple[Call, RunStopped | None]:
-    """`begin_step` for a step that `starts_with_the_last`, inside that transaction (fenced with the
-    rules' stamp). Returns the call and, when a check said no, why the run stops (raise it after the
-    transaction: the step before it succeeded, and that stays)."""
+def begin_next(
+    run: Run, step: Step, visible: list[Step], fenced: Fence, writes: Writes
+) -> tuple[Call, RunStopped | None]:
+    """`begin_step` for a step that `starts_with_the_last`, staged in that transaction's writes (on its
+    totals and rules' stamp). Returns the call and, when a check said no, why the run stops (raise it
+    after the transaction: the step before it succeeded, and that stays)."""
     assert step.worker is not None
     call = Call(step=step, worker=step.worker, number=1, made=0)
-    return call, _start(run, call, visible, fenced)
+    return call, _start(run, call, visible, fenced, writes)
 
 
-def _start(run: Run, call: Call, visible: list[Step], fenced: Fence) -> RunStopped | None:
+def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
     step, worker = call.step, call.worker
     step.messages_sent = build_messages(step, visible)
     verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
     if not verdict.allowed:
         message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
-        mark_failed(run, step, message, note=f"policy {verdict.rule}")
+        mark_failed(run, step, message, writes, note=f"policy {verdict.rule}")
         return RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
     if fenced.spent >= run.task.max_usd:
-        return _budget_reached(run, step, fenced.spent)
+        return _budget_reached(run, step, fenced.spent, writes)
     step.status = StepStatus.RUNNING
     step.started_at = step.started_at or timezone.now()
-    Step.objects.filter(pk=step.pk).update(
-        status=step.status, started_at=step.started_at, messages_sent=step.messages_sent
-    )
-    record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))
-    call.attempt = Attempt.objects.create(step=step, number=call.number, started_at=timezone.now())
+    writes.update(step, status=step.status, started_at=step.started_at, messages_sent=step.messages_sent)
+    writes.event(Action.STEP_STARTED, step, started_payload(run, step, visible))
+    call.attempt = writes.insert(Attempt(step=step, number=call.number, started_at=timezone.now()))
     return None
 
 
@@ -211,25 +211,25 @@ def started_payload(run: Run, step: Step, visible: list[Step]) -> dict[str, Any]
 
 def begin_retry(run: Run, call: Call) -> None:
     """The next attempt of a call, after its backoff: started unless the budget is reached."""
-    stopped: RunStopped | None = None
-    with fenced_write(run) as fenced:
+
+    def stage(fenced: Fence, writes: Writes) -> RunStopped | None:
         if fenced.spent >= run.task.max_usd:
-            stopped = _budget_reached(run, call.step, fenced.spent)
-        else:
-            call.attempt = Attempt.objects.create(
-                step=call.step, number=call.number, started_at=timezone.now()
-            )
+            return _budget_reached(run, call.step, fenced.spent, writes)
+        call.attempt = writes.insert(Attempt(step=call.step, number=call.number, started_at=timezone.now()))
+        return None
+
+    stopped = write_once(run, stage)
     if stopped is not None:
         raise stopped
 
 
-def _budget_reached(run: Run, step: Step, spent: Decimal) -> RunStopped:
+def _budget_reached(run: Run, step: Step, spent: Decimal, writes: Writes) -> RunStopped:
     message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
-    mark_failed(run, step, message, note="cost budget")
+    mark_failed(run, step, message, writes, note="cost budget")
     return RunStopped(message, stop_reason=StopReason.COST_BUDGET)
 
 
-def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence], None] | None = None) -> bool:
+def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence, Writes], None] | None = None) -> bool:
     """Record an attempt's outcome. True: the step succeeded (and `then` ran in the same transaction,
     fenced with the rules' stamp). False: retry it (after call.delay_s). Raises RunStopped when the step
     failed for good."""
@@ -265,15 +265,21 @@ def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence], None] | 
 def _attempt_failed(
     run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int
 ) -> None:
-    with fenced_write(run):
+    def stage(fenced: Fence, writes: Writes) -> None:
         attempt.status = exc.status
         attempt.http_status = exc.http_status
         attempt.error = str(exc)
         attempt.latency_ms = latency_ms
         attempt.finished_at = timezone.now()
-        attempt.save(update_fields=["status", "http_status", "error", "latency_ms", "finished_at"])
-        record_event(
-            run,
+        writes.update(
+            attempt,
+            status=attempt.status,
+            http_status=attempt.http_status,
+            error=attempt.error,
+            latency_ms=latency_ms,
+            finished_at=attempt.finished_at,
+        )
+        writes.event(
             Action.ATTEMPT_FAILED,
             attempt,
             {
@@ -288,6 +294,8 @@ def _attempt_failed(
             },
         )
 
+    write_once(run, stage)
+
 
 def _attempt_succeeded(
     run: Run,
@@ -296,20 +304,30 @@ def _attempt_succeeded(
     completion: Completion,
     *,
     latency_ms: int,
-    then: Callable[[Fence], None] | None = None,
+    then: Callable[[Fence, Writes], None] | None = None,
 ) -> None:
     """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence),
-    then `then` in it."""
+    then `then` in it (staged in its writes)."""
     assert step.worker is not None
     cost = step.worker.cost_of(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
     now = timezone.now()
-    with fenced_write(
-        run,
-        cost=cost,
-        input_tokens=completion.input_tokens,
-        output_tokens=completion.output_tokens,
-        rules=then is not None,
-    ) as fenced:
+    if attempt.number == 1:  # the step's only attempt: its totals are this call's
+        totals = {
+            "cost": cost,
+            "input_tokens": completion.input_tokens,
+            "output_tokens": completion.output_tokens,
+        }
+    else:  # earlier ones may have cost something (a lost call's estimate)
+        earlier = step.attempts.exclude(pk=attempt.pk).aggregate(
+            cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
+        )
+        totals = {
+            "cost": (earlier["cost"] or Decimal(0)) + cost,
+            "input_tokens": (earlier["input_tokens"] or 0) + completion.input_tokens,
+            "output_tokens": (earlier["output_tokens"] or 0) + completion.output_tokens,
+        }
+
+    def stage(fenced: Fence, writes: Writes) -> None:
         attempt.status = Attempt.Status.SUCCEEDED
         attempt.input_tokens = completion.input_tokens
         attempt.output_tokens = completion.output_tokens
@@ -317,34 +335,24 @@ def _attempt_succeeded(
         attempt.latency_ms = latency_ms
         attempt.provider_request_id = completion.request_id[:200]
         attempt.finished_at = now
-        attempt.save(
-            update_fields=[
-                "status",
-                "input_tokens",
-                "output_tokens",
-                "cost_usd",
-                "latency_ms",
-                "provider_request_id",
-                "finished_at",
-            ]
+        writes.update(
+            attempt,
+            status=attempt.status,
+            input_tokens=attempt.input_tokens,
+            output_tokens=attempt.output_tokens,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+            provider_request_id=attempt.provider_request_id,
+            finished_at=now,
         )
-        if attempt.number == 1:  # the step's only attempt: its totals are this call's
-            totals = {
-                "cost": cost,
-                "input_tokens": completion.input_tokens,
-                "output_tokens": completion.output_tokens,
-            }
-        else:  # earlier ones may have cost something (a lost call's estimate)
-            totals = step.attempts.aggregate(
-                cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
-            )
         step.status, step.response, step.finished_at, step.error = (
             StepStatus.SUCCEEDED,
             completion.text,
             now,
             "",
         )
-        Step.objects.filter(pk=step.pk).update(
+        writes.update(
+            step,
             status=step.status,
             response=step.response,
             cost_usd=totals["cost"],
@@ -354,8 +362,7 @@ def _attempt_succeeded(
             finished_at=now,
             error="",
         )
-        record_event(
-            run,
+        writes.event(
             Action.STEP_SUCCEEDED,
             step,
             {
@@ -371,22 +378,26 @@ def _attempt_succeeded(
             },
         )
         if then is not None:
-            then(fenced)
+            then(fenced, writes)
+
+    write_once(
+        run,
+        stage,
+        cost=cost,
+        input_tokens=completion.input_tokens,
+        output_tokens=completion.output_tokens,
+    )
 
 
 def step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
-    with fenced_write(run):
-        mark_failed(run, step, message, note=note)
+    write_once(run, lambda fenced, writes: mark_failed(run, step, message, writes, note=note))
 
 
-def mark_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
-    """A step failed, with its event: inside the caller's write transaction."""
+def mark_failed(run: Run, step: Step, message: str, writes: Writes, *, note: str = "") -> None:
+    """A step failed, with its event: staged in the writes of the caller's transaction."""
     step.status = StepStatus.FAILED
-    Step.objects.filter(pk=step.pk).update(
-        status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now()
-    )
-    record_event(
-        run,
+    writes.update(step, status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now())
+    writes.event(
         Action.STEP_FAILED,
         step,
         {"index": step.index, "worker": step.worker_slug, "error": message, "note": note},

@@ -35,7 +35,15 @@ from ..models import (
 from ..secrets import redact
 from .finish import fail_run, finish_run
 from .planning import ensure_plan
-from .record import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunStopped, add_cost, record_event
+from .record import (
+    INFRASTRUCTURE_ERRORS,
+    Fenced,
+    InfrastructureError,
+    RunStopped,
+    add_cost,
+    fenced,
+    record_event,
+)
 from .schedule import execute_plan
 
 log = logging.getLogger(__name__)
@@ -268,29 +276,32 @@ def claim_run(run_id: int) -> Run | None:
             Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
-        record_event(
-            run,
-            Action.RUN_RESUMED if resumed else Action.RUN_STARTED,
-            run,
-            {
-                "delivery": run.deliveries,
-                "worker_host": run.worker_host,
-                "worker_pid": run.worker_pid,
-                "epoch": run.claim_epoch,
-                "lost_attempts": [
-                    {
-                        "step_id": a.step_id,
-                        "attempt": a.number,
-                        "cost_usd": a.cost_usd,
-                        "input_tokens": a.input_tokens,
-                        "output_tokens": a.output_tokens,
-                        "estimated": a.cost_estimated,
-                    }
-                    for a in lost
-                ],
-                "conductor": run.conductor_version.name,
-            },
-        )
+        # The claim's fence, with the policy rules' stamp: what the plan is checked against, and what
+        # the run's next writes assume (record.write_once).
+        with fenced(run, rules=True):
+            record_event(
+                run,
+                Action.RUN_RESUMED if resumed else Action.RUN_STARTED,
+                run,
+                {
+                    "delivery": run.deliveries,
+                    "worker_host": run.worker_host,
+                    "worker_pid": run.worker_pid,
+                    "epoch": run.claim_epoch,
+                    "lost_attempts": [
+                        {
+                            "step_id": a.step_id,
+                            "attempt": a.number,
+                            "cost_usd": a.cost_usd,
+                            "input_tokens": a.input_tokens,
+                            "output_tokens": a.output_tokens,
+                            "estimated": a.cost_estimated,
+                        }
+                        for a in lost
+                    ],
+                    "conductor": run.conductor_version.name,
+                },
+            )
     return run
 
 

@@ -27,7 +27,7 @@ from ..models import (
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import ProviderCallError
 from .calls import backoff, last_response_before, visible_steps
-from .record import RunStopped, claim_current, fenced_write, record_event
+from .record import RunStopped, claim_current, fenced_write, known_rules, record_event
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,14 @@ log = logging.getLogger(__name__)
 PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the conductor
 
 
-def screened_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
-    """Enabled workers the task's data may go to, and those its policies withhold (with the rule)."""
-    return policies.screen(list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification)
+def screened_workers(
+    task: Task, rules: list[policies.PolicyRule] | None = None
+) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    """Enabled workers the task's data may go to, and those its policies withhold (with the rule),
+    under `rules` (the active rules read now when not given)."""
+    return policies.screen(
+        list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification, rules
+    )
 
 
 def plan_request(
@@ -55,8 +60,10 @@ def plan_request(
     )
 
 
-def _offerable_workers(task: Task) -> tuple[list[Worker], dict[str, policies.Verdict]]:
-    workers, withheld = screened_workers(task)
+def _offerable_workers(
+    task: Task, rules: list[policies.PolicyRule]
+) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    workers, withheld = screened_workers(task, rules)
     if not workers:
         reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(
@@ -79,7 +86,8 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     if valid is not None:
         return valid
     task = run.task
-    workers, withheld = _offerable_workers(task)
+    rules = known_rules(run)
+    workers, withheld = _offerable_workers(task, rules)
     remaining = task.max_steps - (0 if first else _steps_used(run))
     if remaining <= 0:
         raise RunStopped(
@@ -100,7 +108,8 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     while tries < PLAN_TRIES:
         tries += 1
         if asked:  # rules may have changed while the conductor answered: offer what they allow now
-            workers, withheld = _offerable_workers(task)
+            rules = policies.active_rules()
+            workers, withheld = _offerable_workers(task, rules)
         asked = True
         request = plan_request(
             task,
@@ -137,7 +146,8 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             "steps": [],
         }
         if plan is not None:
-            rules = policies.active_rules()  # once for the plan's steps, not once a step
+            # The rules as they are when the plan arrives (not as they were when the conductor was asked).
+            rules = policies.active_rules()
             for i, step in enumerate(plan.steps):
                 verdict = withheld.get(step.worker)
                 if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
@@ -264,7 +274,7 @@ def _record_decision(
             latency_ms=proposal.latency_ms,
         )
         if plan is not None:
-            Step.objects.bulk_create(
+            decision.planned_steps = Step.objects.bulk_create(  # type: ignore[attr-defined]  # execute_plan's
                 [
                     Step(
                         run=run,

@@ -5,21 +5,23 @@ the claim), the cost roll-up, and the errors that stop a run or a process.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from django import db as django_db
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, Subquery, Sum
+from django.db.models import F, Field, Model, OuterRef, Subquery, Sum
 from django.utils import timezone
 
+from audit import chain as audit_chain
 from audit import policies
-from audit.services import ENGINE, event_record
+from audit.models import AuditEvent
+from audit.services import ENGINE, event_fields, event_record
 
 from .. import live, log_context
 from ..models import Run
@@ -70,13 +72,31 @@ def fenced_write(
     added to its totals, and the claim checked (`fence`). Yields what the run
     has spent so far (this cost included), for budget checks, and with `rules` the policy rules' stamp.
     The events recorded inside it do not fence again."""
-    with transaction.atomic():
-        fenced = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules)
-        run._fenced = True  # type: ignore[attr-defined]
-        try:
-            yield fenced
-        finally:
-            run._fenced = False  # type: ignore[attr-defined]
+    with (
+        transaction.atomic(),
+        fenced(
+            run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules
+        ) as fence_read,
+    ):
+        yield fence_read
+
+
+@contextmanager
+def fenced(
+    run: Run,
+    *,
+    cost: Decimal = Decimal(0),
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    rules: bool = False,
+) -> Iterator[Fence]:
+    """`fenced_write` inside the caller's transaction (which it must be in)."""
+    fence_read = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules)
+    run._fenced = True  # type: ignore[attr-defined]
+    try:
+        yield fence_read
+    finally:
+        run._fenced = False  # type: ignore[attr-defined]
 
 
 def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
@@ -100,23 +120,34 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
         correlation_id=run.correlation_id,
         payload=payload,
     )
+    announce(run, event)
+
+
+def announce(run: Run, event: AuditEvent) -> None:
+    """After the event's transaction commits: a small live event for the task's watchers, numbered by
+    the event's place in the run's chain (gap-free, so a page can tell when it missed one), and one
+    JSON-ready log line with the run's ids and trace id (log_context), what log platforms join on."""
     live.publish_on_commit(
         task_id=run.task_id,
         event={
             "run": run.pk,
             "seq": event.seq,
-            "action": action,
+            "action": event.action,
             "object": event.object_type,
             "id": event.object_id,
         },
     )
-    # One JSON-ready log line per committed event, with the run's ids and trace id (log_context).
-    fields = {"event": action, "object": event.object_type, "object_id": event.object_id, "seq": event.seq}
+    fields = {
+        "event": event.action,
+        "object": event.object_type,
+        "object_id": event.object_id,
+        "seq": event.seq,
+    }
     transaction.on_commit(
         partial(
             events_log.info,
             "%s %s %s",
-            action,
+            event.action,
             event.object_type,
             event.object_id,
             extra={**fields, **log_context.ids_of(run)},
@@ -158,7 +189,18 @@ def fence(
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
-    return Fence(spent=row[1], input_tokens=row[2], output_tokens=row[3], rules_stamp=row[4] or "")
+    fenced = Fence(spent=row[1], input_tokens=row[2], output_tokens=row[3], rules_stamp=row[4] or "")
+    known = getattr(run, "_known", None)
+    stamp = fenced.rules_stamp if rules else (known.rules_stamp if known is not None else "")
+    run._known = replace(fenced, rules_stamp=stamp)  # type: ignore[attr-defined]  # for write_once's guard
+    return fenced
+
+
+def known_rules(run: Run) -> list[policies.PolicyRule]:
+    """The policy rules as of the stamp this process last read under the run's lock (its claim's
+    fence): read from the database only when they changed since this process last read them."""
+    known: Fence | None = getattr(run, "_known", None)
+    return policies.rules_as_of(known.rules_stamp) if known is not None else policies.active_rules()
 
 
 def claim_current(run: Run) -> None:
@@ -166,6 +208,200 @@ def claim_current(run: Run) -> None:
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops before its next call")
+
+
+def _quoted(name: str | None) -> str:
+    assert name is not None
+    return str(connection.ops.quote_name(name))
+
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Model)
+
+
+def write_once(
+    run: Run,
+    stage: Callable[[Fence, Writes], T],
+    *,
+    cost: Decimal = Decimal(0),
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> T:
+    """A write transaction of the engine, in one statement when it can be. `stage` decides what to
+    write from the run's totals (this cost added) and the policy rules' stamp, and stages it.
+
+    First on what this process last read under the run's lock (its last fence): the statement writes
+    only if all of it still holds (the claim, the totals, the rules' stamp, the chain's head), and is
+    its own transaction. Otherwise (nothing read yet, or something moved: another process claimed the
+    run, the rules changed) nothing was written, and it is staged again in a `fenced_write` on what
+    the fence reads. So `stage` may run twice: it must only stage, and read nothing it writes."""
+    claim_current(run)
+    known: Fence | None = getattr(run, "_known", None)
+    if known is not None:
+        guess = Fence(
+            spent=known.spent + cost,
+            input_tokens=known.input_tokens + input_tokens,
+            output_tokens=known.output_tokens + output_tokens,
+            rules_stamp=known.rules_stamp,
+        )
+        writes = Writes(run)
+        result = stage(guess, writes)
+        if writes.execute(guard=Guard(known, cost, input_tokens, output_tokens)):
+            run._known = guess  # type: ignore[attr-defined]
+            return result
+    with fenced_write(
+        run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=True
+    ) as fenced:
+        writes = Writes(run)
+        result = stage(fenced, writes)
+        writes.execute()
+    return result
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a statement of `write_once` assumes of the run, and the cost it adds (the fence's work, as
+    the statement's first expression `f`: no row when the claim, the totals or the rules moved)."""
+
+    known: Fence
+    cost: Decimal
+    input_tokens: int
+    output_tokens: int
+
+    def sql(self, run: Run) -> tuple[str, list[Any]]:
+        where = (
+            "id = %s AND claim_epoch = %s AND cost_usd = %s AND input_tokens = %s AND output_tokens = %s "
+            f"AND {policies.RULES_STAMP_SQL} = %s"
+        )
+        params: list[Any] = [
+            run.pk,
+            run.claim_epoch,
+            self.known.spent,
+            self.known.input_tokens,
+            self.known.output_tokens,
+            self.known.rules_stamp,
+        ]
+        if self.cost or self.input_tokens or self.output_tokens:
+            return (
+                "f AS (UPDATE routing_run SET cost_usd = cost_usd + %s, input_tokens = input_tokens + %s, "  # noqa: S608 - no data in it
+                f"output_tokens = output_tokens + %s WHERE {where} RETURNING 1)",
+                [self.cost, self.input_tokens, self.output_tokens, *params],
+            )
+        return f"f AS (SELECT 1 FROM routing_run WHERE {where} FOR UPDATE)", params  # noqa: S608
+
+
+@dataclass
+class Writes:
+    """The changes of one write transaction of the engine, staged, then made in one statement
+    (`execute`): rows updated and inserted, and the audit events on the run's chain that record them.
+    Every write is conditional on the chain's head moving (so a change and its events land together or
+    not at all), and the head on the guard's fence when there is one."""
+
+    run: Run
+    updates: dict[tuple[type[Model], Any], dict[str, Any]] = field(default_factory=dict)
+    inserts: list[Model] = field(default_factory=list)
+    events: list[tuple[str, Model, dict[str, Any]]] = field(default_factory=list)
+
+    def update(self, obj: Model, **values: Any) -> None:
+        self.updates.setdefault((type(obj), obj.pk), {}).update(values)
+
+    def insert(self, obj: M) -> M:
+        """Staged: `obj` gets its primary key when the statement is made."""
+        self.inserts.append(obj)
+        return obj
+
+    def event(self, action: str, obj: Model, payload: dict[str, Any]) -> None:
+        self.events.append((action, obj, payload))
+
+    def execute(self, guard: Guard | None = None) -> bool:
+        """Make the staged writes in one statement. Without a guard (inside a fenced transaction) they
+        are always made: a chain head this process misremembers is read under its lock and the
+        statement made again. With one, only if the run and the chain's head are still as this
+        process last read them; False when nothing was written."""
+        if not (self.updates or self.inserts or self.events):
+            return True
+        run = self.run
+        chain = audit_chain.run_chain(run.correlation_id)
+        fields = [
+            event_fields(
+                actor=ENGINE,
+                action=action,
+                obj=obj,
+                payload=payload,
+                task_id=run.task_id,
+                correlation_id=run.correlation_id,
+            )
+            for action, obj, payload in self.events
+        ]
+        planned = audit_chain.plan(chain, fields) if fields else None
+        if fields and planned is None and guard is None:
+            planned = audit_chain.plan(chain, fields, lock=True)
+        if (planned is not None or not fields) and self._made(planned, guard):
+            return True
+        if guard is not None:
+            return False
+        audit_chain.forget(chain)  # in the fenced transaction: the head, read under its lock
+        if not self._made(audit_chain.plan(chain, fields, lock=True), None):
+            raise RuntimeError(f"audit chain {chain} has no head")
+        return True
+
+    def _made(self, planned: audit_chain.Planned | None, guard: Guard | None) -> bool:
+        ctes: list[str] = []
+        params: list[Any] = []
+        gate = ""
+        if guard is not None:
+            sql, values = guard.sql(self.run)
+            ctes.append(sql)
+            params += values
+            gate = "f"
+        if planned is not None:
+            sql_list, values = audit_chain.append_sql(
+                planned,
+                guard=f" AND EXISTS (SELECT 1 FROM {gate})" if gate else "",  # noqa: S608 - names, not data
+            )
+            ctes += sql_list
+            params += values
+            gate = "h"
+        condition = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
+        for i, ((model, pk), values_by_name) in enumerate(self.updates.items()):
+            sets = []
+            for name, value in values_by_name.items():
+                model_field = model._meta.get_field(name)
+                assert isinstance(model_field, Field)
+                sets.append(f"{_quoted(model_field.column)} = %s")
+                params.append(model_field.get_db_prep_save(value, connection))
+            ctes.append(
+                f"u{i} AS (UPDATE {_quoted(model._meta.db_table)} SET {', '.join(sets)} "  # noqa: S608 - names, not data
+                f"WHERE {_quoted(model._meta.pk.column)} = %s{condition})"  # type: ignore[union-attr]
+            )
+            params.append(pk)
+        for i, obj in enumerate(self.inserts):
+            # Every column; the primary key too when it was drawn before (Writes.next_id).
+            columns = [f for f in obj._meta.concrete_fields if obj.pk is not None or not f.primary_key]
+            ctes.append(
+                f"i{i} AS (INSERT INTO {_quoted(obj._meta.db_table)} ({', '.join(_quoted(f.column) for f in columns)}) "  # noqa: S608
+                f"SELECT {', '.join(['%s'] * len(columns))}{f' FROM {gate}' if gate else ''} "
+                f"RETURNING {_quoted(obj._meta.pk.column)})"  # type: ignore[union-attr]
+            )
+            params += [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in columns]
+        events = planned.events if planned is not None else []
+        # Names of its own expressions, not data:
+        answers = [f"(SELECT count(*) FROM {gate})" if gate else "1"]  # noqa: S608
+        answers += [f"(SELECT id FROM e{i})" for i in range(len(events))]  # noqa: S608
+        answers += [f"(SELECT * FROM i{i})" for i in range(len(self.inserts))]  # noqa: S608
+        with connection.cursor() as cursor:
+            cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(answers)}", params)  # noqa: S608
+            row = cursor.fetchone()
+        if not row[0]:
+            return False
+        if planned is not None:
+            audit_chain.appended(planned, list(row[1 : 1 + len(events)]))
+        for obj, pk in zip(self.inserts, row[1 + len(events) :], strict=True):
+            obj.pk = pk
+            obj._state.adding = False
+        for event in events:
+            announce(run=self.run, event=event)
+        return True
 
 
 def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) -> None:

@@ -38,7 +38,7 @@ from .calls import (
     started_payload,
     starts_with_the_last,
 )
-from .record import Fence, RunStopped, fenced_write, record_event
+from .record import Fence, RunStopped, Writes, fenced_write, record_event
 from .recursion import execute_conductor_step
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,12 @@ log = logging.getLogger(__name__)
 def execute_plan(run: Run, decision: Decision) -> Step:
     """Run the plan's steps; independent steps run concurrently. Returns the last step (its response
     is the plan's answer). Raises RunStopped on failure."""
-    steps = {s.index: s for s in decision.steps.select_related("worker")}
+    # The plan's steps as recorded (their workers with them), or read back (a resumed run, a plan
+    # recorded by an earlier delivery).
+    planned = getattr(decision, "planned_steps", None)
+    steps = {
+        s.index: s for s in (planned if planned is not None else decision.steps.select_related("worker"))
+    }
     done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
     busy: set[int] = set()
     pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
@@ -144,8 +149,10 @@ def _begin_follower(
     follower: Step,
     begun: list[tuple[Call, RunStopped | None]],
     fenced: Fence,
+    writes: Writes,
 ) -> None:
-    begun.append(begin_next(run, follower, [steps[i] for i in dependencies(follower)], fenced))
+    # Staged, perhaps twice (record.write_once): the last staging is the one written.
+    begun[:] = [begin_next(run, follower, [steps[i] for i in dependencies(follower)], fenced, writes)]
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
