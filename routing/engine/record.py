@@ -246,7 +246,11 @@ def write_once(
         )
         writes = Writes(run)
         result = stage(guess, writes)
-        if writes.execute(guard=Guard(known, cost, input_tokens, output_tokens)):
+        if guess != known:  # the cost, written with the rest only if the rest is
+            writes.update(
+                run, cost_usd=guess.spent, input_tokens=guess.input_tokens, output_tokens=guess.output_tokens
+            )
+        if writes.execute(guard=Guard(known)):
             run._known = guess  # type: ignore[attr-defined]
             return result
     with fenced_write(
@@ -260,34 +264,25 @@ def write_once(
 
 @dataclass(frozen=True)
 class Guard:
-    """What a statement of `write_once` assumes of the run, and the cost it adds (the fence's work, as
-    the statement's first expression `f`: no row when the claim, the totals or the rules moved)."""
+    """What a statement of `write_once` assumes of the run: its first expression `f` locks the run's
+    row and has no row when the claim, the totals or the policy rules' stamp moved (the fence's check;
+    the cost is added by a write like the others, only if the whole statement is written)."""
 
     known: Fence
-    cost: Decimal
-    input_tokens: int
-    output_tokens: int
 
     def sql(self, run: Run) -> tuple[str, list[Any]]:
-        where = (
-            "id = %s AND claim_epoch = %s AND cost_usd = %s AND input_tokens = %s AND output_tokens = %s "
-            f"AND {policies.RULES_STAMP_SQL} = %s"
+        return (
+            "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "
+            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s FOR UPDATE)",  # noqa: S608 - no data in it
+            [
+                run.pk,
+                run.claim_epoch,
+                self.known.spent,
+                self.known.input_tokens,
+                self.known.output_tokens,
+                self.known.rules_stamp,
+            ],
         )
-        params: list[Any] = [
-            run.pk,
-            run.claim_epoch,
-            self.known.spent,
-            self.known.input_tokens,
-            self.known.output_tokens,
-            self.known.rules_stamp,
-        ]
-        if self.cost or self.input_tokens or self.output_tokens:
-            return (
-                "f AS (UPDATE routing_run SET cost_usd = cost_usd + %s, input_tokens = input_tokens + %s, "  # noqa: S608 - no data in it
-                f"output_tokens = output_tokens + %s WHERE {where} RETURNING 1)",
-                [self.cost, self.input_tokens, self.output_tokens, *params],
-            )
-        return f"f AS (SELECT 1 FROM routing_run WHERE {where} FOR UPDATE)", params  # noqa: S608
 
 
 @dataclass

@@ -1,0 +1,126 @@
+"""A step's writes as one statement (engine.record.write_once): written only when the run is as this
+process last fenced it; when something moved under it (the totals, the chain's head), nothing of the
+statement is written and the change is made again in a fenced transaction, on what the fence reads."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Sum
+from django.test.utils import CaptureQueriesContext
+
+from audit import chain as audit_chain
+from audit.models import AuditEvent
+from audit.services import ENGINE, event_record
+from audit.verify import verify
+from routing import engine
+from routing.models import Attempt, Run, RunStatus, Step, StepStatus
+from tests.openai_server import Reply, plan_json
+from tests.routing.test_engine import assert_rollups_exact, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def two_steps(server, alpha) -> None:
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", [0])))])
+    server.program("alpha", alpha)
+    server.program("beta", [Reply("checked", prompt_tokens=100, completion_tokens=10)])
+
+
+def one_statement_writes(sql: list[str]) -> list[str]:
+    return [s for s in sql if s.startswith("WITH f AS")]
+
+
+def test_totals_moved_by_another_writer_are_added_to_not_overwritten(live_pool):
+    """While step 0's call is out, something else adds to the run's totals: the success's statement
+    (guarded by the totals this process read) writes nothing, and the fenced path adds the call's cost
+    to the totals as they are."""
+    server = live_pool["server"]
+    outside = Decimal("0.5000000000")
+
+    def alpha(body: dict) -> Reply:
+        try:
+            Run.objects.filter(correlation_id=run.correlation_id).update(cost_usd=outside, input_tokens=7)
+        finally:
+            connection.close()  # the server's thread, with a connection of its own
+        return Reply("draft", prompt_tokens=100, completion_tokens=10)
+
+    two_steps(server, alpha)
+    run = submit()
+    with CaptureQueriesContext(connection) as captured:
+        engine.execute_run(run.pk)
+    run.refresh_from_db()
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    paid = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"), i=Sum("input_tokens"))
+    assert paid["c"] > 0
+    assert run.cost_usd == outside + paid["c"]  # the outside change kept, both calls added to it
+    assert run.input_tokens == 7 + paid["i"]
+    sql = [q["sql"] for q in captured.captured_queries]
+    # Step 0's start was one statement; its success (with step 1's start) found the totals moved and
+    # was written in a fenced transaction; step 1's success, on what that fence read, one statement.
+    assert len(one_statement_writes(sql)) == 3
+    steps = list(Step.objects.filter(run=run).order_by("index"))
+    assert [s.status for s in steps] == [StepStatus.SUCCEEDED, StepStatus.SUCCEEDED]
+    for step in steps:  # one attempt each, one event per change: nothing written twice
+        assert step.attempts.count() == 1
+        assert (
+            AuditEvent.objects.filter(
+                object_type="step", object_id=str(step.pk), action="step.succeeded"
+            ).count()
+            == 1
+        )
+        assert (
+            AuditEvent.objects.filter(
+                object_type="step", object_id=str(step.pk), action="step.started"
+            ).count()
+            == 1
+        )
+    # The chain is intact; what the verifier reports is the outside change itself (the run's totals
+    # no longer add up to its calls), not anything the engine wrote.
+    report = verify(chains=[audit_chain.run_chain(run.correlation_id)])
+    assert [(p.kind, "cost_usd" in p.detail) for p in report.problems] == [("row", True)]
+
+
+def test_a_chain_head_moved_by_another_process_is_read_under_its_lock_and_built_on(live_pool):
+    """Another process appends to the run's chain while step 0's call is out (this process does not
+    see it): the success's statement, built on the head this process remembers, writes nothing at all
+    (not the step, not the attempt); the fenced path builds on the real head, and the chain verifies."""
+    server = live_pool["server"]
+
+    def alpha(body: dict) -> Reply:
+        chain = audit_chain.run_chain(run.correlation_id)
+        remembered = audit_chain._HEADS[chain]
+        try:
+            with transaction.atomic():
+                event_record(
+                    actor=ENGINE,
+                    action="record.viewed",
+                    obj=run,
+                    task_id=run.task_id,
+                    correlation_id=run.correlation_id,
+                    payload={"view": "another process"},
+                )
+        finally:
+            audit_chain._HEADS[chain] = remembered  # as if another process had written it
+            connection.close()
+        return Reply("draft")
+
+    two_steps(server, alpha)
+    run = submit()
+    engine.execute_run(run.pk)
+    run.refresh_from_db()
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
+    actions = [e.action for e in events]
+    viewed = actions.index("record.viewed")
+    assert actions[viewed - 1] == "step.started"  # step 0 started before the other process wrote
+    assert actions[viewed + 1 : viewed + 3] == ["step.succeeded", "step.started"]  # then built on it
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    report = verify(chains=[audit_chain.run_chain(run.correlation_id)])
+    assert report.intact, report.problems
+    assert_rollups_exact(run)
+    assert Attempt.objects.filter(step__run=run).count() == 2
