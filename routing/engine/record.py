@@ -272,8 +272,8 @@ class Guard:
 
     def sql(self, run: Run) -> tuple[str, list[Any]]:
         return (
-            "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "
-            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s FOR UPDATE)",  # noqa: S608 - no data in it
+            "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
+            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s FOR UPDATE)",
             [
                 run.pk,
                 run.claim_epoch,
