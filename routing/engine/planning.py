@@ -27,7 +27,7 @@ from ..models import (
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import ProviderCallError
 from .calls import backoff, last_response_before, visible_steps
-from .record import RunStopped, claim_current, fenced_write, known_rules, record_event
+from .record import Fence, RunStopped, Writes, claim_current, known_rules, next_id, record_event, write_once
 
 log = logging.getLogger(__name__)
 
@@ -250,48 +250,47 @@ def _record_decision(
     version = run.conductor_version
     # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
     backend = "given" if run.plan_override and parent_step is None else version.backend
-    with fenced_write(
-        run, cost=proposal.cost_usd, input_tokens=proposal.input_tokens, output_tokens=proposal.output_tokens
-    ):
-        decision = Decision.objects.create(
+    decision = Decision(
+        pk=next_id(Decision),  # drawn first: the plan's event names it, and its steps point to it
+        run=run,
+        parent_step=parent_step,
+        depth=depth,
+        attempt=attempt,
+        backend=backend,
+        version_name=version.name,
+        prompt=proposal.prompt,
+        raw_output=proposal.raw_output,
+        plan=plan.as_dict() if plan is not None else None,
+        valid=plan is not None,
+        error=error,
+        alternatives=proposal.alternatives,
+        policy_checks=policy_checks,
+        blocked_by=blocked_by,
+        input_tokens=proposal.input_tokens,
+        output_tokens=proposal.output_tokens,
+        cost_usd=proposal.cost_usd,
+        latency_ms=proposal.latency_ms,
+    )
+    steps = [
+        Step(
             run=run,
-            parent_step=parent_step,
+            decision=decision,
+            index=i,
             depth=depth,
-            attempt=attempt,
-            backend=backend,
-            version_name=version.name,
-            prompt=proposal.prompt,
-            raw_output=proposal.raw_output,
-            plan=plan.as_dict() if plan is not None else None,
-            valid=plan is not None,
-            error=error,
-            alternatives=proposal.alternatives,
-            policy_checks=policy_checks,
-            blocked_by=blocked_by,
-            input_tokens=proposal.input_tokens,
-            output_tokens=proposal.output_tokens,
-            cost_usd=proposal.cost_usd,
-            latency_ms=proposal.latency_ms,
+            worker=workers.get(s.worker),
+            worker_slug=s.worker,
+            vendor=workers[s.worker].vendor if s.worker in workers else "",
+            instruction=s.instruction,
+            access=s.access,
         )
-        if plan is not None:
-            decision.planned_steps = Step.objects.bulk_create(  # type: ignore[attr-defined]  # execute_plan's
-                [
-                    Step(
-                        run=run,
-                        decision=decision,
-                        index=i,
-                        depth=depth,
-                        worker=workers.get(s.worker),
-                        worker_slug=s.worker,
-                        vendor=workers[s.worker].vendor if s.worker in workers else "",
-                        instruction=s.instruction,
-                        access=s.access,
-                    )
-                    for i, s in enumerate(plan.steps)
-                ]
-            )
-        record_event(
-            run,
+        for i, s in enumerate(plan.steps if plan is not None else [])
+    ]
+
+    def stage(fenced: Fence, writes: Writes) -> None:
+        writes.insert(decision)
+        for step in steps:
+            writes.insert(step)
+        writes.event(
             Action.PLAN_EMITTED
             if plan is not None
             else (Action.PLAN_BLOCKED if blocked_by else Action.PLAN_REJECTED),
@@ -310,4 +309,13 @@ def _record_decision(
                 "blocked_by": blocked_by,
             },
         )
+
+    write_once(
+        run,
+        stage,
+        cost=proposal.cost_usd,
+        input_tokens=proposal.input_tokens,
+        output_tokens=proposal.output_tokens,
+    )
+    decision.planned_steps = steps  # type: ignore[attr-defined]  # execute_plan's, as recorded
     return decision

@@ -210,6 +210,15 @@ def claim_current(run: Run) -> None:
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops before its next call")
 
 
+def next_id(model: type[Model]) -> int:
+    """A primary key drawn from the model's sequence, for a row whose id its own statement needs (an
+    audit event names it) before the row is inserted."""
+    table, column = model._meta.db_table, model._meta.pk.column  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s))", [table, column])
+        return int(cursor.fetchone()[0])
+
+
 def _quoted(name: str | None) -> str:
     assert name is not None
     return str(connection.ops.quote_name(name))
