@@ -108,6 +108,12 @@ def _remember(chain: str, seq: int, hash_: str) -> None:
     _HEADS[chain] = (seq, hash_)
 
 
+def guess(chain: str, seq: int, hash_: str) -> None:
+    """A head read without its lock (with a row that names the chain), for the next `plan`: checked by
+    the statement that appends on it, like any head this process remembers."""
+    _remember(chain, seq, hash_)
+
+
 def forget(chain: str) -> None:
     """Drop this process's guess of the chain's head (the next append reads it under its lock)."""
     _HEADS.pop(chain, None)

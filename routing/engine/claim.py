@@ -18,9 +18,15 @@ import litellm
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import CharField, OuterRef, Subquery, Value
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from audit import chain as audit_chain
+from audit import policies
 from audit.actions import Action
+from audit.models import ChainHead
 
 from .. import log_context
 from ..models import (
@@ -37,9 +43,12 @@ from .finish import fail_run, finish_run
 from .planning import ensure_plan
 from .record import (
     INFRASTRUCTURE_ERRORS,
+    Fence,
     Fenced,
+    Guard,
     InfrastructureError,
     RunStopped,
+    Writes,
     add_cost,
     fenced,
     record_event,
@@ -230,6 +239,100 @@ def _execute(run: Run) -> None:
 
 
 def claim_run(run_id: int) -> Run | None:
+    """Claim a run for this process (which holds its lock): a new claim epoch, which fences off any
+    process that held it before, with its event. A first delivery is claimed in one statement, on the
+    run as read just before (with the policy rules' stamp and its chain's head); anything else (a
+    resumed run, with attempts a dead process left in flight; a run that moved meanwhile) under the
+    run row's lock."""
+    first = (
+        Run.objects.select_related("task", "conductor_version")
+        .annotate(
+            rules_stamp=RawSQL(policies.RULES_STAMP_SQL, ()),  # noqa: S611 - a constant, no data in it
+            head_seq=Subquery(_run_head.values("seq")[:1]),
+            head_hash=Subquery(_run_head.values("hash")[:1]),
+        )
+        .filter(pk=run_id, deliveries=0)
+        .exclude(status__in=(RunStatus.SUCCEEDED, RunStatus.FAILED))
+        .first()
+    )
+    if first is not None and _claim_first(first):
+        return first
+    return _claim_locked(run_id)
+
+
+# The head of a run's audit chain, for the claim's read.
+_run_head = ChainHead.objects.filter(
+    chain=Concat(Value("run:"), Cast(OuterRef("correlation_id"), output_field=CharField()))
+)
+
+
+def _claim_first(run: Run) -> bool:
+    known = Fence(
+        spent=run.cost_usd,
+        input_tokens=run.input_tokens,
+        output_tokens=run.output_tokens,
+        rules_stamp=run.rules_stamp,  # type: ignore[attr-defined]
+    )
+    if run.head_seq is not None:  # type: ignore[attr-defined]
+        audit_chain.guess(audit_chain.run_chain(run.correlation_id), run.head_seq, run.head_hash)  # type: ignore[attr-defined]
+    guard = Guard(known, epoch=run.claim_epoch, status=run.status)
+    _claimed(run, timezone.now())
+    writes = Writes(run)
+    writes.update(run, **{name: getattr(run, name) for name in CLAIMED_FIELDS})
+    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+        writes.update(run.task, only_if={"status": RunStatus.QUEUED}, status=RunStatus.RUNNING)
+    writes.event(Action.RUN_STARTED, run, _claim_payload(run, lost=[]))
+    if not writes.execute(guard=guard):
+        return False
+    run._known = known  # type: ignore[attr-defined]  # what the run's next writes assume
+    return True
+
+
+CLAIMED_FIELDS = (
+    "status",
+    "deliveries",
+    "claim_epoch",
+    "worker_host",
+    "worker_pid",
+    "heartbeat_at",
+    "started_at",
+)
+
+
+def _claimed(run: Run, now: Any) -> None:
+    resumed = run.deliveries > 0
+    run.resumed = resumed  # type: ignore[attr-defined]  # a first delivery has nothing to look up
+    run.status = RunStatus.RUNNING
+    run.deliveries += 1
+    run.claim_epoch += 1  # fences off whatever process held the run before
+    run.worker_host = socket.gethostname()
+    run.worker_pid = os.getpid()
+    run.heartbeat_at = now
+    run.started_at = run.started_at or now
+
+
+def _claim_payload(run: Run, *, lost: list[Attempt]) -> dict[str, Any]:
+    return {
+        "delivery": run.deliveries,
+        "worker_host": run.worker_host,
+        "worker_pid": run.worker_pid,
+        "epoch": run.claim_epoch,
+        "lost_attempts": [
+            {
+                "step_id": a.step_id,
+                "attempt": a.number,
+                "cost_usd": a.cost_usd,
+                "input_tokens": a.input_tokens,
+                "output_tokens": a.output_tokens,
+                "estimated": a.cost_estimated,
+            }
+            for a in lost
+        ],
+        "conductor": run.conductor_version.name,
+    }
+
+
+def _claim_locked(run_id: int) -> Run | None:
     with transaction.atomic():
         run = (
             Run.objects.select_for_update(of=("self",))
@@ -243,27 +346,10 @@ def claim_run(run_id: int) -> Run | None:
         if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
             log.info("run %s has already ended; dropping its message", run_id)
             return None
-        resumed = run.deliveries > 0
-        run.resumed = resumed  # type: ignore[attr-defined]  # a first delivery has nothing to look up
         now = timezone.now()
-        run.status = RunStatus.RUNNING
-        run.deliveries += 1
-        run.claim_epoch += 1  # fences off whatever process held the run before
-        run.worker_host = socket.gethostname()
-        run.worker_pid = os.getpid()
-        run.heartbeat_at = now
-        run.started_at = run.started_at or now
-        run.save(
-            update_fields=[
-                "status",
-                "deliveries",
-                "claim_epoch",
-                "worker_host",
-                "worker_pid",
-                "heartbeat_at",
-                "started_at",
-            ]
-        )
+        _claimed(run, now)
+        resumed = run.resumed  # type: ignore[attr-defined]
+        run.save(update_fields=list(CLAIMED_FIELDS))
         # We hold the run's lock, so anything still marked in flight belongs to a process that died
         # (a first delivery has nothing yet).
         lost: list[Attempt] = []
@@ -283,24 +369,7 @@ def claim_run(run_id: int) -> Run | None:
                 run,
                 Action.RUN_RESUMED if resumed else Action.RUN_STARTED,
                 run,
-                {
-                    "delivery": run.deliveries,
-                    "worker_host": run.worker_host,
-                    "worker_pid": run.worker_pid,
-                    "epoch": run.claim_epoch,
-                    "lost_attempts": [
-                        {
-                            "step_id": a.step_id,
-                            "attempt": a.number,
-                            "cost_usd": a.cost_usd,
-                            "input_tokens": a.input_tokens,
-                            "output_tokens": a.output_tokens,
-                            "estimated": a.cost_estimated,
-                        }
-                        for a in lost
-                    ],
-                    "conductor": run.conductor_version.name,
-                },
+                _claim_payload(run, lost=lost),
             )
     return run
 

@@ -275,21 +275,28 @@ def write_once(
 class Guard:
     """What a statement of `write_once` assumes of the run: its first expression `f` locks the run's
     row and has no row when the claim, the totals or the policy rules' stamp moved (the fence's check;
-    the cost is added by a write like the others, only if the whole statement is written)."""
+    the cost is added by a write like the others, only if the whole statement is written). `epoch` and
+    `status`: what the claim itself assumes (a claim raises the epoch in the statement it guards)."""
 
     known: Fence
+    epoch: int | None = None
+    status: str | None = None
 
     def sql(self, run: Run) -> tuple[str, list[Any]]:
+        status, params = "", []
+        if self.status is not None:
+            status, params = " AND status = %s", [self.status]
         return (
             "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
-            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s FOR UPDATE)",
+            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s{status} FOR UPDATE)",
             [
                 run.pk,
-                run.claim_epoch,
+                run.claim_epoch if self.epoch is None else self.epoch,
                 self.known.spent,
                 self.known.input_tokens,
                 self.known.output_tokens,
                 self.known.rules_stamp,
+                *params,
             ],
         )
 
@@ -303,11 +310,16 @@ class Writes:
 
     run: Run
     updates: dict[tuple[type[Model], Any], dict[str, Any]] = field(default_factory=dict)
+    only_if: dict[tuple[type[Model], Any], dict[str, Any]] = field(default_factory=dict)
     inserts: list[Model] = field(default_factory=list)
     events: list[tuple[str, Model, dict[str, Any]]] = field(default_factory=list)
 
-    def update(self, obj: Model, **values: Any) -> None:
+    def update(self, obj: Model, only_if: dict[str, Any] | None = None, **values: Any) -> None:
+        """Set these values on obj's row (`only_if` its columns still hold these: else the row is left,
+        and the rest written)."""
         self.updates.setdefault((type(obj), obj.pk), {}).update(values)
+        if only_if:
+            self.only_if.setdefault((type(obj), obj.pk), {}).update(only_if)
 
     def insert(self, obj: M) -> M:
         """Staged: `obj` gets its primary key when the statement is made."""
@@ -374,11 +386,17 @@ class Writes:
                 assert isinstance(model_field, Field)
                 sets.append(f"{_quoted(model_field.column)} = %s")
                 params.append(model_field.get_db_prep_save(value, connection))
+            where, where_params = "", []
+            for name, value in self.only_if.get((model, pk), {}).items():
+                model_field = model._meta.get_field(name)
+                assert isinstance(model_field, Field)
+                where += f" AND {_quoted(model_field.column)} = %s"
+                where_params.append(model_field.get_db_prep_save(value, connection))
             ctes.append(
                 f"u{i} AS (UPDATE {_quoted(model._meta.db_table)} SET {', '.join(sets)} "  # noqa: S608 - names, not data
-                f"WHERE {_quoted(model._meta.pk.column)} = %s{condition})"  # type: ignore[union-attr]
+                f"WHERE {_quoted(model._meta.pk.column)} = %s{where}{condition})"  # type: ignore[union-attr]
             )
-            params.append(pk)
+            params += [pk, *where_params]
         for i, obj in enumerate(self.inserts):
             # Every column; the primary key too when it was drawn before (Writes.next_id).
             columns = [f for f in obj._meta.concrete_fields if obj.pk is not None or not f.primary_key]

@@ -33,9 +33,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # each (its own transaction, on the run as this process last fenced it: engine.record.write_once), the
 # claim read the policy rules' stamp the plan's screening uses, and the plan's steps were kept as
 # recorded. Transactions now count a statement outside BEGIN ... COMMIT as one.
-# 31 (9 transactions) before the plan was recorded in one statement too (its id drawn first).
-STATEMENTS = 27
-TRANSACTIONS = 10
+# 31 (9 transactions) before the plan was recorded in one statement too (its id drawn first); 27 (10)
+# before a first delivery's claim was one statement, on the run read just before.
+STATEMENTS = 22
+TRANSACTIONS = 11
 
 
 def program(server) -> None:
@@ -65,16 +66,16 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     transactions = count_transactions(sql)
     assert len(sql) <= STATEMENTS, f"{len(sql)} statements (pinned: {STATEMENTS})"
     assert transactions <= TRANSACTIONS, f"{transactions} transactions (pinned: {TRANSACTIONS})"
-    # The plan and the steps' writes are one statement each, its own transaction (the change with its
-    # events, on the run as this process last fenced it): the plan with its steps, the first step's
-    # start, then each step's success with the next step's start. Nothing else is written, or read,
-    # between the plan and the run's end.
+    # Every write but the run's end is one statement, its own transaction (the change with its events,
+    # on the run as this process last read it): the claim, the plan with its steps, the first step's
+    # start, then each step's success with the next step's start.
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
-    assert len(one_statement) == 5, one_statement
-    assert 'INSERT INTO "routing_decision"' in one_statement[0]
-    first = sql.index(one_statement[0])
-    assert sql[first : first + 5] == one_statement
-    assert sql[first + 5] == "BEGIN"  # the run's end
+    assert len(one_statement) == 6, one_statement
+    assert '"claim_epoch" = 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
+    assert sql.count("BEGIN") == 1  # the run's end: its answer, score, totals, seal and rollups
+    first_step = sql.index(one_statement[2])
+    assert sql[first_step : first_step + 4] == one_statement[2:]
+    assert sql[first_step + 4] == "BEGIN"  # nothing read or written between the steps
 
 def count_transactions(sql: list[str]) -> int:
     """BEGIN ... COMMIT counts once; a statement outside one (autocommit) is a transaction of its own."""

@@ -59,10 +59,10 @@ def test_totals_moved_by_another_writer_are_added_to_not_overwritten(live_pool):
     assert run.cost_usd == outside + paid["c"]  # the outside change kept, both calls added to it
     assert run.input_tokens == 7 + paid["i"]
     sql = [q["sql"] for q in captured.captured_queries]
-    # The plan and step 0's start were one statement each; step 0's success (with step 1's start) found
-    # the totals moved and was written in a fenced transaction; step 1's success, on what that fence
-    # read, one statement.
-    assert len(one_statement_writes(sql)) == 4
+    # The claim, the plan and step 0's start were one statement each; step 0's success (with step 1's
+    # start) found the totals moved and was written in a fenced transaction; step 1's success, on what
+    # that fence read, one statement.
+    assert len(one_statement_writes(sql)) == 5
     steps = list(Step.objects.filter(run=run).order_by("index"))
     assert [s.status for s in steps] == [StepStatus.SUCCEEDED, StepStatus.SUCCEEDED]
     for step in steps:  # one attempt each, one event per change: nothing written twice
