@@ -142,12 +142,17 @@ ON CONFLICT (span_min, slot, series, run_kind, worker_slug, status, latency_buck
 
 
 def _add(runs: str, params: dict[str, Any]) -> None:
+    """The three rollups' statements, sent together (one round trip: a run's end waits for it)."""
     with connection.cursor() as cursor:
-        cursor.execute(_CALLS.format(runs=runs), params)
-        cursor.execute(_RUNS.format(runs=runs), {**params, "conductor_slug": CONDUCTOR_SLUG})
         cursor.execute(
-            _OPS.format(runs=runs),
-            {**params, "spans": list(OPS_SPANS), "origin": SLOT_ORIGIN, "bounds": list(LATENCY_BOUNDS_MS)},
+            ";\n".join(sql.format(runs=runs) for sql in (_CALLS, _RUNS, _OPS)),
+            {
+                **params,
+                "conductor_slug": CONDUCTOR_SLUG,
+                "spans": list(OPS_SPANS),
+                "origin": SLOT_ORIGIN,
+                "bounds": list(LATENCY_BOUNDS_MS),
+            },
         )
 
 

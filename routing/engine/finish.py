@@ -52,17 +52,17 @@ def finish_run(run: Run, *, last: Step) -> None:
         cost=judged.cost_usd if judged else Decimal(0),
         input_tokens=judged.input_tokens if judged else 0,
         output_tokens=judged.output_tokens if judged else 0,
+        sets={  # the run's end, in the fence's own statement
+            "status": RunStatus.SUCCEEDED,
+            "final_answer": final,
+            "score": score,
+            "finished_at": now,
+            "heartbeat_at": now,
+            "stop_reason": "",
+        },
     ) as fenced:
         if judged is not None:
             record_event(run, Action.SCORE_JUDGED, run, judged.audit_payload())
-        Run.objects.filter(pk=run.pk).update(
-            status=RunStatus.SUCCEEDED,
-            final_answer=final,
-            score=score,
-            finished_at=now,
-            heartbeat_at=now,
-            stop_reason="",
-        )
         ended: dict[str, object] = {}
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             ended = {

@@ -67,15 +67,22 @@ def fenced_write(
     input_tokens: int = 0,
     output_tokens: int = 0,
     rules: bool = False,
+    sets: dict[str, Any] | None = None,
 ) -> Iterator[Fence]:
     """A write transaction of the engine, fenced in its first statement: the run row is locked, a cost
-    added to its totals, and the claim checked (`fence`). Yields what the run
-    has spent so far (this cost included), for budget checks, and with `rules` the policy rules' stamp.
-    The events recorded inside it do not fence again."""
+    added to its totals (`sets`: and these columns of the run set), and the claim checked (`fence`).
+    Yields what the run has spent so far (this cost included), for budget checks, and with `rules` the
+    policy rules' stamp. The events recorded inside it do not fence again; if the claim is not this
+    process's, the whole transaction rolls back."""
     with (
         transaction.atomic(),
         fenced(
-            run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules
+            run,
+            cost=cost,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            rules=rules,
+            sets=sets,
         ) as fence_read,
     ):
         yield fence_read
@@ -89,9 +96,12 @@ def fenced(
     input_tokens: int = 0,
     output_tokens: int = 0,
     rules: bool = False,
+    sets: dict[str, Any] | None = None,
 ) -> Iterator[Fence]:
     """`fenced_write` inside the caller's transaction (which it must be in)."""
-    fence_read = fence(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules)
+    fence_read = fence(
+        run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens, rules=rules, sets=sets
+    )
     run._fenced = True  # type: ignore[attr-defined]
     try:
         yield fence_read
@@ -162,6 +172,7 @@ def fence(
     input_tokens: int = 0,
     output_tokens: int = 0,
     rules: bool = False,
+    sets: dict[str, Any] | None = None,
 ) -> Fence:
     """Inside a write transaction: lock the run row and check that this process's claim is current.
     One statement, which also adds a cost to the run's totals and (`rules`) reads the policy rules'
@@ -177,11 +188,12 @@ def fence(
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
     returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamp}"
     with connection.cursor() as cursor:
-        if cost or input_tokens or output_tokens:
+        if cost or input_tokens or output_tokens or sets:
+            columns = "".join(f", {_quoted(Run._meta.get_field(name).column)} = %s" for name in sets or {})  # type: ignore[union-attr]
             cursor.execute(
                 "UPDATE routing_run SET cost_usd = cost_usd + %s, input_tokens = input_tokens + %s, "  # noqa: S608 - no data in it
-                f"output_tokens = output_tokens + %s WHERE id = %s RETURNING {returning}",
-                [cost, input_tokens, output_tokens, run.pk],
+                f"output_tokens = output_tokens + %s{columns} WHERE id = %s RETURNING {returning}",
+                [cost, input_tokens, output_tokens, *(sets or {}).values(), run.pk],
             )
         else:
             cursor.execute(f"SELECT {returning} FROM routing_run WHERE id = %s FOR UPDATE", [run.pk])  # noqa: S608
