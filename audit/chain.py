@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
+from . import rows
 from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
 
@@ -173,11 +174,12 @@ def append_sql(planned: Planned, *, guard: str = "") -> tuple[list[str], list[An
     ]
     params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
     for i, event in enumerate(planned.events):
+        # Each event one parameter (audit.rows): the statement's text is the same for every append.
         ctes.append(
             f"e{i} AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
-            f"SELECT {', '.join(['%s'] * len(fields))} FROM h RETURNING id)"
+            f"SELECT {columns} FROM {rows.populated(AuditEvent)} WHERE EXISTS (SELECT 1 FROM h) RETURNING id)"
         )
-        params.extend(f.get_db_prep_save(getattr(event, f.attname), connection) for f in fields)
+        params.append(rows.document((f, getattr(event, f.attname)) for f in fields))
     return ctes, params
 
 

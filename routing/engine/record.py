@@ -19,7 +19,7 @@ from django.db.models import F, Field, Model, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from audit import chain as audit_chain
-from audit import policies
+from audit import policies, rows
 from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields, event_record
 
@@ -391,33 +391,34 @@ class Writes:
             params += values
             gate = "h"
         condition = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
+        # Each row's values are one parameter (audit.rows): the statement's text is the same for every
+        # write of its shape, and psycopg parses it once.
         for i, ((model, pk), values_by_name) in enumerate(self.updates.items()):
-            sets = []
-            for name, value in values_by_name.items():
-                model_field = model._meta.get_field(name)
-                assert isinstance(model_field, Field)
-                sets.append(f"{_quoted(model_field.column)} = %s")
-                params.append(model_field.get_db_prep_save(value, connection))
-            where, where_params = "", []
+            table = _quoted(model._meta.db_table)
+            fields = [model._meta.get_field(name) for name in values_by_name]
+            assert all(isinstance(f, Field) for f in fields)
+            sets = ", ".join(f"{_quoted(f.column)} = r.{_quoted(f.column)}" for f in fields)  # type: ignore[union-attr]
+            where = f"{table}.{_quoted(model._meta.pk.column)} = %s"  # type: ignore[union-attr]
+            params += [rows.document(zip(fields, values_by_name.values(), strict=True)), pk]  # type: ignore[arg-type]
             for name, value in self.only_if.get((model, pk), {}).items():
                 model_field = model._meta.get_field(name)
                 assert isinstance(model_field, Field)
-                where += f" AND {_quoted(model_field.column)} = %s"
-                where_params.append(model_field.get_db_prep_save(value, connection))
+                where += f" AND {table}.{_quoted(model_field.column)} = %s"
+                params.append(model_field.get_db_prep_save(value, connection))
             ctes.append(
-                f"u{i} AS (UPDATE {_quoted(model._meta.db_table)} SET {', '.join(sets)} "  # noqa: S608 - names, not data
-                f"WHERE {_quoted(model._meta.pk.column)} = %s{where}{condition})"  # type: ignore[union-attr]
+                f"u{i} AS (UPDATE {table} SET {sets} FROM {rows.populated(model)} AS r "  # noqa: S608 - names, not data
+                f"WHERE {where}{condition})"
             )
-            params += [pk, *where_params]
         for i, obj in enumerate(self.inserts):
             # Every column; the primary key too when it was drawn before (Writes.next_id).
             columns = [f for f in obj._meta.concrete_fields if obj.pk is not None or not f.primary_key]
+            names = ", ".join(_quoted(f.column) for f in columns)
             ctes.append(
-                f"i{i} AS (INSERT INTO {_quoted(obj._meta.db_table)} ({', '.join(_quoted(f.column) for f in columns)}) "  # noqa: S608
-                f"SELECT {', '.join(['%s'] * len(columns))}{f' FROM {gate}' if gate else ''} "
+                f"i{i} AS (INSERT INTO {_quoted(obj._meta.db_table)} ({names}) "  # noqa: S608 - names, not data
+                f"SELECT {names} FROM {rows.populated(type(obj))} WHERE true{condition} "
                 f"RETURNING {_quoted(obj._meta.pk.column)})"  # type: ignore[union-attr]
             )
-            params += [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in columns]
+            params.append(rows.document((f, f.pre_save(obj, True)) for f in columns))
         events = planned.events if planned is not None else []
         # Names of its own expressions, not data:
         answers = [f"(SELECT count(*) FROM {gate})" if gate else "1"]  # noqa: S608

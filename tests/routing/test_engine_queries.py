@@ -73,7 +73,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # start, then each step's success with the next step's start.
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
     assert len(one_statement) == 6, one_statement
-    assert '"claim_epoch" = 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
+    assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
     assert sql.count("BEGIN") == 1  # the run's end: its answer, score, totals, seal and rollups
     first_step = sql.index(one_statement[2])
     assert sql[first_step : first_step + 4] == one_statement[2:]

@@ -1,0 +1,43 @@
+"""A row's values as one JSON document, unpacked in its statement by `jsonb_populate_record`.
+
+A write of many columns is then a statement of few parameters, whose text psycopg parses once and
+caches: it parses afresh every statement of more than 50 parameters or 4,096 characters, which cost
+the engine's one-statement writes a tenth of their time. The values are what the fields would send
+(`get_db_prep_save`), written as PostgreSQL reads them back: times in full ISO 8601 with their
+offset, decimals and UUIDs as their text, a JSON field's value as itself.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field, JSONField, Model
+
+
+def populated(model: type[Model]) -> str:
+    """The SQL of one row of `model`'s table, populated from the JSON document parameter."""
+    return f"jsonb_populate_record(NULL::{connection.ops.quote_name(model._meta.db_table)}, %s::jsonb)"
+
+
+def document(values: Iterable[tuple[Field[Any, Any], Any]]) -> str:
+    """The JSON document of (field, value) pairs, keyed by column."""
+    return json.dumps({field.column: _plain(field, value) for field, value in values}, allow_nan=False)
+
+
+def _plain(field: Field[Any, Any], value: Any) -> Any:
+    if isinstance(field, JSONField):
+        return value  # stored as the document's own JSON (no encoder: as Django would dump it)
+    prepped = field.get_db_prep_save(value, connection)
+    if prepped is None or isinstance(prepped, str | int | float):
+        return prepped
+    if isinstance(prepped, datetime | date | time):
+        return prepped.isoformat()
+    if isinstance(prepped, Decimal | uuid.UUID):
+        return str(prepped)
+    raise TypeError(f"{field.model.__name__}.{field.name}: {type(prepped).__name__} has no JSON form here")
