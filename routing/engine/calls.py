@@ -36,6 +36,7 @@ from ..models import (
 from ..plans import visible_indices
 from ..providers import Completion, ProviderCallError, complete, worker_api_key
 from .record import Fence, RunStopped, Writes, claim_current, write_once
+from .workers import workers_as_of
 
 log = logging.getLogger(__name__)
 
@@ -134,24 +135,18 @@ def call_metadata(run: Run) -> dict[str, Any]:
 
 def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
     """Start a worker step and its first attempt, in one transaction: the step running with the exact
-    messages it is sent, the attempt started, the event. The checks come first: the worker is still
-    registered and enabled, the policy rules still let it have the task's data (one may have changed
-    since the plan was checked: their stamp rides on the fence, and they are read again when it
-    moved), and the cost budget is not reached. Raises RunStopped (the step failed) when one says no."""
-    worker = step.worker
-    if worker is None or not worker.enabled:
-        message = (
-            f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
-        )
-        step_failed(run, step, message)
-        raise RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
+    messages it is sent, the attempt started, the event. The checks come first, on what the write's
+    statement checks is still so: the worker is still registered and enabled, the policy rules still
+    let it have the task's data (either may have changed since the plan was checked: their stamps
+    ride on the statement, and they are read again when one moved), and the cost budget is not
+    reached. Raises RunStopped (the step failed) when one says no."""
     if step.started_at is None:  # never started: no attempts yet
-        call = Call(step=step, worker=worker, number=1, made=0)
+        call = Call(step=step, worker=step.worker, number=1, made=0)  # type: ignore[arg-type]  # checked in _start
     else:  # resumed: attempts made so far (a lost one was never answered: it does not count)
         earlier = step.attempts.aggregate(
             made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
         )
-        call = Call(step=step, worker=worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])
+        call = Call(step=step, worker=step.worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])  # type: ignore[arg-type]
     stopped = write_once(run, partial(_start, run, call, visible))
     if stopped is not None:
         raise stopped
@@ -178,7 +173,15 @@ def begin_next(
 
 
 def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
-    step, worker = call.step, call.worker
+    step = call.step
+    worker = workers_as_of(fenced.workers_stamp).get(step.worker_slug)  # as it is now: enabled, or None
+    if worker is None:
+        message = (
+            f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
+        )
+        mark_failed(run, step, message, writes)
+        return RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
+    step.worker = call.worker = worker
     step.messages_sent = build_messages(step, visible)
     verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
     if not verdict.allowed:

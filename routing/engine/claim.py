@@ -54,6 +54,7 @@ from .record import (
     record_event,
 )
 from .schedule import execute_plan
+from .workers import WORKERS_STAMP_SQL
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,7 @@ def claim_run(run_id: int) -> Run | None:
         Run.objects.select_related("task", "conductor_version")
         .annotate(
             rules_stamp=RawSQL(policies.RULES_STAMP_SQL, ()),  # noqa: S611 - a constant, no data in it
+            workers_stamp=RawSQL(WORKERS_STAMP_SQL, ()),  # noqa: S611 - a constant, no data in it
             head_seq=Subquery(_run_head.values("seq")[:1]),
             head_hash=Subquery(_run_head.values("hash")[:1]),
         )
@@ -272,6 +274,7 @@ def _claim_first(run: Run) -> bool:
         input_tokens=run.input_tokens,
         output_tokens=run.output_tokens,
         rules_stamp=run.rules_stamp,  # type: ignore[attr-defined]
+        workers_stamp=run.workers_stamp,  # type: ignore[attr-defined]
     )
     if run.head_seq is not None:  # type: ignore[attr-defined]
         audit_chain.guess(audit_chain.run_chain(run.correlation_id), run.head_seq, run.head_hash)  # type: ignore[attr-defined]

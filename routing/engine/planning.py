@@ -27,7 +27,17 @@ from ..models import (
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import ProviderCallError
 from .calls import backoff, last_response_before, visible_steps
-from .record import Fence, RunStopped, Writes, claim_current, known_rules, next_id, record_event, write_once
+from .record import (
+    Fence,
+    RunStopped,
+    Writes,
+    claim_current,
+    known_rules,
+    known_workers,
+    next_id,
+    record_event,
+    write_once,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +46,14 @@ PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the co
 
 
 def screened_workers(
-    task: Task, rules: list[policies.PolicyRule] | None = None
+    task: Task, rules: list[policies.PolicyRule] | None = None, workers: list[Worker] | None = None
 ) -> tuple[list[Worker], dict[str, policies.Verdict]]:
     """Enabled workers the task's data may go to, and those its policies withhold (with the rule),
-    under `rules` (the active rules read now when not given)."""
-    return policies.screen(
-        list(Worker.objects.filter(enabled=True).order_by("slug")), task.classification, rules
-    )
+    under `rules` (the active rules read now when not given); of `workers` (the enabled ones, read
+    now when not given)."""
+    if workers is None:
+        workers = list(Worker.objects.filter(enabled=True).order_by("slug"))
+    return policies.screen(workers, task.classification, rules)
 
 
 def plan_request(
@@ -61,9 +72,9 @@ def plan_request(
 
 
 def _offerable_workers(
-    task: Task, rules: list[policies.PolicyRule]
+    task: Task, rules: list[policies.PolicyRule], enabled: list[Worker] | None = None
 ) -> tuple[list[Worker], dict[str, policies.Verdict]]:
-    workers, withheld = screened_workers(task, rules)
+    workers, withheld = screened_workers(task, rules, enabled)
     if not workers:
         reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(
@@ -87,7 +98,8 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         return valid
     task = run.task
     rules = known_rules(run)
-    workers, withheld = _offerable_workers(task, rules)
+    # The workers as of the claim's stamp (a first delivery's claim reads it), else read now.
+    workers, withheld = _offerable_workers(task, rules, list(known_workers(run).values()))
     remaining = task.max_steps - (0 if first else _steps_used(run))
     if remaining <= 0:
         raise RunStopped(
@@ -102,7 +114,7 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         }
     conductor, load_ms = conductor_load(run.conductor_version)
     tries = 0 if first else decisions.count()
-    last_blocked: policies.Verdict | None = None
+    last_blocked = ""  # the rule that blocked the last plan, if one did
     feedback = "" if first else decisions.order_by("-attempt").values_list("error", flat=True).first() or ""
     asked = False
     while tries < PLAN_TRIES:
@@ -130,7 +142,6 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             load_ms = 0
         plan: Plan | None = None
         error = ""
-        blocked: policies.Verdict | None = None
         try:
             # Withheld workers parse, so that a plan naming one is recorded as blocked by its rule.
             plan = parse_plan(
@@ -141,60 +152,25 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             )
         except PlanError as exc:
             error = str(exc)
-        checks: dict[str, Any] = {
-            "withheld": {slug: v.as_dict() for slug, v in withheld.items()},
-            "steps": [],
-        }
-        if plan is not None:
-            # The rules as they are when the plan arrives (not as they were when the conductor was asked).
-            rules = policies.active_rules()
-            for i, step in enumerate(plan.steps):
-                verdict = withheld.get(step.worker)
-                if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
-                    verdict = policies.judge(
-                        next(w for w in workers if w.slug == step.worker), task.classification, rules
-                    )
-                checks["steps"].append(
-                    {
-                        "index": i,
-                        **(
-                            verdict.as_dict()
-                            if verdict
-                            else {
-                                "worker": step.worker,
-                                "allowed": True,
-                                "rule": "",
-                                "reason": "the conductor itself",
-                            }
-                        ),
-                    }
-                )
-                if blocked is None and verdict is not None and not verdict.allowed:
-                    blocked = verdict
-                    error = (
-                        f"blocked by policy '{verdict.rule}': step {i} ({verdict.worker}): {verdict.reason}"
-                    )
-            if blocked is not None:
-                plan = None
         decision = _record_decision(
             run,
             parent_step=parent_step,
             depth=depth,
             attempt=tries,
             proposal=proposal,
-            plan=plan,
+            parsed=plan,
             error=error,
-            workers={w.slug: w for w in workers},
-            policy_checks=checks,
-            blocked_by=blocked.rule if blocked else "",
+            request=request,
+            workers=workers,
+            withheld=withheld,
         )
-        if plan is not None:
+        if decision.valid:
             return decision
-        feedback = error
-        last_blocked = blocked
+        feedback = decision.error
+        last_blocked = decision.blocked_by
         if run.plan_override and parent_step is None:
-            raise RunStopped(f"the given plan is invalid: {error}", stop_reason=StopReason.INVALID_PLAN)
-    if last_blocked is not None:
+            raise RunStopped(f"the given plan is invalid: {feedback}", stop_reason=StopReason.INVALID_PLAN)
+    if last_blocked:
         raise RunStopped(
             f"the conductor's plan was blocked twice; {feedback}", stop_reason=StopReason.POLICY_BLOCKED
         )
@@ -234,6 +210,44 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
             time.sleep(backoff(made, exc.retry_after))
 
 
+def _checked(
+    plan: Plan | None,
+    *,
+    request: PlanRequest,
+    workers: list[Worker],
+    withheld: dict[str, policies.Verdict],
+    classification: str,
+    rules: list[policies.PolicyRule],
+) -> tuple[dict[str, Any], policies.Verdict | None]:
+    """A parsed plan's policy checks, step by step, under `rules` (those of the statement that records
+    it: the rules as they are when the plan arrives, not as they were when the conductor was asked),
+    and the first verdict that blocks it."""
+    checks: dict[str, Any] = {"withheld": {slug: v.as_dict() for slug, v in withheld.items()}, "steps": []}
+    blocked: policies.Verdict | None = None
+    for i, step in enumerate(plan.steps if plan is not None else []):
+        verdict = withheld.get(step.worker)
+        if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
+            verdict = policies.judge(next(w for w in workers if w.slug == step.worker), classification, rules)
+        checks["steps"].append(
+            {
+                "index": i,
+                **(
+                    verdict.as_dict()
+                    if verdict
+                    else {
+                        "worker": step.worker,
+                        "allowed": True,
+                        "rule": "",
+                        "reason": "the conductor itself",
+                    }
+                ),
+            }
+        )
+        if blocked is None and verdict is not None and not verdict.allowed:
+            blocked = verdict
+    return checks, blocked
+
+
 def _record_decision(
     run: Run,
     *,
@@ -241,52 +255,73 @@ def _record_decision(
     depth: int,
     attempt: int,
     proposal: Proposal,
-    plan: Plan | None,
+    parsed: Plan | None,
     error: str,
-    workers: dict[str, Worker],
-    policy_checks: dict[str, Any],
-    blocked_by: str,
+    request: PlanRequest,
+    workers: list[Worker],
+    withheld: dict[str, policies.Verdict],
 ) -> Decision:
+    """The conductor's answer, checked against the policy rules and recorded with its steps and its
+    event, in one statement (engine.record.write_once: on the rules' stamp the statement checks)."""
     version = run.conductor_version
     # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
     backend = "given" if run.plan_override and parent_step is None else version.backend
-    decision = Decision(
-        pk=next_id(Decision),  # drawn first: the plan's event names it, and its steps point to it
-        run=run,
-        parent_step=parent_step,
-        depth=depth,
-        attempt=attempt,
-        backend=backend,
-        version_name=version.name,
-        prompt=proposal.prompt,
-        raw_output=proposal.raw_output,
-        plan=plan.as_dict() if plan is not None else None,
-        valid=plan is not None,
-        error=error,
-        alternatives=proposal.alternatives,
-        policy_checks=policy_checks,
-        blocked_by=blocked_by,
-        input_tokens=proposal.input_tokens,
-        output_tokens=proposal.output_tokens,
-        cost_usd=proposal.cost_usd,
-        latency_ms=proposal.latency_ms,
-    )
-    steps = [
-        Step(
-            run=run,
-            decision=decision,
-            index=i,
-            depth=depth,
-            worker=workers.get(s.worker),
-            worker_slug=s.worker,
-            vendor=workers[s.worker].vendor if s.worker in workers else "",
-            instruction=s.instruction,
-            access=s.access,
-        )
-        for i, s in enumerate(plan.steps if plan is not None else [])
-    ]
+    by_slug = {w.slug: w for w in workers}
+    decision_id = next_id(Decision)  # drawn first: the plan's event names it, and its steps point to it
+    recorded: list[Decision] = []
 
     def stage(fenced: Fence, writes: Writes) -> None:
+        checks, blocked = _checked(
+            parsed,
+            request=request,
+            workers=workers,
+            withheld=withheld,
+            classification=run.task.classification,
+            rules=policies.rules_as_of(fenced.rules_stamp),
+        )
+        plan, why = parsed, error
+        if blocked is not None:
+            plan = None
+            index = next(
+                c["index"] for c in checks["steps"] if c["rule"] == blocked.rule and not c["allowed"]
+            )
+            why = f"blocked by policy '{blocked.rule}': step {index} ({blocked.worker}): {blocked.reason}"
+        blocked_by = blocked.rule if blocked else ""
+        decision = Decision(
+            pk=decision_id,
+            run=run,
+            parent_step=parent_step,
+            depth=depth,
+            attempt=attempt,
+            backend=backend,
+            version_name=version.name,
+            prompt=proposal.prompt,
+            raw_output=proposal.raw_output,
+            plan=plan.as_dict() if plan is not None else None,
+            valid=plan is not None,
+            error=why,
+            alternatives=proposal.alternatives,
+            policy_checks=checks,
+            blocked_by=blocked_by,
+            input_tokens=proposal.input_tokens,
+            output_tokens=proposal.output_tokens,
+            cost_usd=proposal.cost_usd,
+            latency_ms=proposal.latency_ms,
+        )
+        steps = [
+            Step(
+                run=run,
+                decision=decision,
+                index=i,
+                depth=depth,
+                worker=by_slug.get(s.worker),
+                worker_slug=s.worker,
+                vendor=by_slug[s.worker].vendor if s.worker in by_slug else "",
+                instruction=s.instruction,
+                access=s.access,
+            )
+            for i, s in enumerate(plan.steps if plan is not None else [])
+        ]
         writes.insert(decision)
         for step in steps:
             writes.insert(step)
@@ -303,12 +338,14 @@ def _record_decision(
                 "parent_step_id": parent_step.pk if parent_step else None,
                 "raw_output": proposal.raw_output,
                 "plan": plan.as_dict() if plan is not None else None,
-                "error": error,
+                "error": why,
                 "alternatives": proposal.alternatives,
-                "policy_checks": policy_checks,
+                "policy_checks": checks,
                 "blocked_by": blocked_by,
             },
         )
+        decision.planned_steps = steps  # type: ignore[attr-defined]  # execute_plan's, as recorded
+        recorded[:] = [decision]
 
     write_once(
         run,
@@ -317,5 +354,4 @@ def _record_decision(
         input_tokens=proposal.input_tokens,
         output_tokens=proposal.output_tokens,
     )
-    decision.planned_steps = steps  # type: ignore[attr-defined]  # execute_plan's, as recorded
-    return decision
+    return recorded[0]

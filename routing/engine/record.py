@@ -24,7 +24,8 @@ from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields, event_record
 
 from .. import live, log_context
-from ..models import Run
+from ..models import Run, Worker
+from .workers import WORKERS_STAMP_SQL, workers_as_of
 
 log = logging.getLogger(__name__)
 events_log = logging.getLogger("routing.events")  # a line per engine event: what log platforms join on
@@ -57,6 +58,7 @@ class Fence:
     input_tokens: int
     output_tokens: int
     rules_stamp: str  # the policy rules' stamp, when asked for (audit.policies.rules_as_of)
+    workers_stamp: str = ""  # the workers' stamp, with the rules' (engine.workers.workers_as_of)
 
 
 @contextmanager
@@ -182,11 +184,11 @@ def fence(
     indexed, so an UPDATE of it writes a new version of the row into each of the run's indexes, and a
     step's fences did that several times over. A fence with no cost only locks the row; one with a
     cost changes columns no index holds (PostgreSQL can update it in place: HOT)."""
-    stamp = policies.RULES_STAMP_SQL if rules else "NULL"
+    stamps = f"{policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}" if rules else "NULL, NULL"
     lost = getattr(run, "_claim_lost", None)
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
-    returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamp}"
+    returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamps}"
     with connection.cursor() as cursor:
         if cost or input_tokens or output_tokens or sets:
             columns = "".join(f", {_quoted(Run._meta.get_field(name).column)} = %s" for name in sets or {})  # type: ignore[union-attr]
@@ -201,10 +203,17 @@ def fence(
     epoch = row[0] if row else None
     if epoch != run.claim_epoch:
         raise Fenced(f"run {run.pk} was claimed again (epoch {epoch}, this process holds {run.claim_epoch})")
-    fenced = Fence(spent=row[1], input_tokens=row[2], output_tokens=row[3], rules_stamp=row[4] or "")
+    fenced = Fence(
+        spent=row[1],
+        input_tokens=row[2],
+        output_tokens=row[3],
+        rules_stamp=row[4] or "",
+        workers_stamp=row[5] or "",
+    )
     known = getattr(run, "_known", None)
-    stamp = fenced.rules_stamp if rules else (known.rules_stamp if known is not None else "")
-    run._known = replace(fenced, rules_stamp=stamp)  # type: ignore[attr-defined]  # for write_once's guard
+    if not rules and known is not None:  # the stamps this process last read stay its assumption
+        fenced = replace(fenced, rules_stamp=known.rules_stamp, workers_stamp=known.workers_stamp)
+    run._known = fenced  # type: ignore[attr-defined]  # for write_once's guard
     return fenced
 
 
@@ -213,6 +222,12 @@ def known_rules(run: Run) -> list[policies.PolicyRule]:
     fence): read from the database only when they changed since this process last read them."""
     known: Fence | None = getattr(run, "_known", None)
     return policies.rules_as_of(known.rules_stamp) if known is not None else policies.active_rules()
+
+
+def known_workers(run: Run) -> dict[str, Worker]:
+    """The enabled workers by slug, as of the stamp this process last read under the run's lock."""
+    known: Fence | None = getattr(run, "_known", None)
+    return workers_as_of(known.workers_stamp if known is not None else None)
 
 
 def claim_current(run: Run) -> None:
@@ -259,11 +274,11 @@ def write_once(
     claim_current(run)
     known: Fence | None = getattr(run, "_known", None)
     if known is not None:
-        guess = Fence(
+        guess = replace(
+            known,
             spent=known.spent + cost,
             input_tokens=known.input_tokens + input_tokens,
             output_tokens=known.output_tokens + output_tokens,
-            rules_stamp=known.rules_stamp,
         )
         writes = Writes(run)
         result = stage(guess, writes)
@@ -300,7 +315,8 @@ class Guard:
             status, params = " AND status = %s", [self.status]
         return (
             "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
-            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s{status} FOR UPDATE)",
+            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s "
+            f"AND {WORKERS_STAMP_SQL} = %s{status} FOR UPDATE)",
             [
                 run.pk,
                 run.claim_epoch if self.epoch is None else self.epoch,
@@ -308,6 +324,7 @@ class Guard:
                 self.known.input_tokens,
                 self.known.output_tokens,
                 self.known.rules_stamp,
+                self.known.workers_stamp,
                 *params,
             ],
         )

@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from audit.services import ENGINE, event_record
 from audit.verify import verify
 from routing import engine
-from routing.models import Attempt, Run, RunStatus, Step, StepStatus
+from routing.models import Attempt, Run, RunStatus, Step, StepStatus, Worker
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import assert_rollups_exact, submit
 
@@ -125,3 +125,30 @@ def test_a_chain_head_moved_by_another_process_is_read_under_its_lock_and_built_
     assert report.intact, report.problems
     assert_rollups_exact(run)
     assert Attempt.objects.filter(step__run=run).count() == 2
+
+
+def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
+    """The workers' stamp rides on every one-statement write, like the rules': a worker disabled while
+    step 0's call is out (after the plan named it) fails its step before any call, as not enabled."""
+    server = live_pool["server"]
+
+    def alpha(body: dict) -> Reply:
+        try:
+            Worker.objects.filter(slug="beta").update(enabled=False)
+        finally:
+            connection.close()
+        return Reply("draft")
+
+    two_steps(server, alpha)
+    run = submit()
+    engine.execute_run(run.pk)
+    run.refresh_from_db()
+
+    assert run.status == RunStatus.FAILED and run.stop_reason == "unknown_worker", run.error
+    assert "worker 'beta', which is not registered or not enabled" in run.error
+    assert not server.requests_for("beta")
+    steps = {s.index: s for s in Step.objects.filter(run=run)}
+    assert steps[0].status == StepStatus.SUCCEEDED and steps[1].status == StepStatus.FAILED
+    assert not steps[1].attempts.exists()
+    report = verify(chains=[audit_chain.run_chain(run.correlation_id)])
+    assert report.intact, report.problems
