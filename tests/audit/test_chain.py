@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from datetime import UTC
 
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -547,3 +548,16 @@ def test_the_summary_counts_in_words_and_writes_the_checkpoints_time_as_the_page
         "intact up to event 40 (11 events in 1 chain); checkpoint 3 (2026-11-26 20:45:30 UTC) verifies"
     )
     assert "(1 event in 2 chains)" in Report(events=1, chains=2, last_event_id=1).summary()
+
+
+def test_the_verify_page_writes_the_latest_checkpoints_time_as_the_pages_do(db, audit_files, make_user):
+    """The verify page read "Latest checkpoint 7 at 2026-11-27T00:59:01.516226+00:00"."""
+    checkpoint = checkpoint_create()
+    client = Client()
+    client.force_login(make_user("ann", "auditor"))
+
+    page = client.get("/audit/verify/").content.decode()
+
+    written = checkpoint.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"Latest checkpoint {checkpoint.number} at {written}, key {checkpoint.key_id}." in page
+    assert checkpoint.created_at.isoformat() not in page
