@@ -19,6 +19,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import transaction
 
+from . import rows
 from .models import PolicyRule
 from .services import event_record
 
@@ -238,14 +239,14 @@ _rules_read: tuple[str, list[PolicyRule]] | None = None
 
 def rules_as_of(stamp: str) -> list[PolicyRule]:
     """The enabled rules, given their stamp (RULES_STAMP_SQL) read just before; read from the database
-    only when the stamp is not the one of the rules this process last read."""
+    only when the stamp is not the one of the rules this process last read. Read, they are kept under
+    the stamp read with them (in their statement): it may be newer than `stamp`, never other rules'."""
     global _rules_read
     kept = _rules_read
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    rules = active_rules()
-    _rules_read = (stamp, rules)  # read after the stamp: at worst newer, and read again next time
-    return rules
+    _rules_read = rows.read_stamped(PolicyRule, RULES_STAMP_SQL, where="t.enabled", order_by="t.name")
+    return _rules_read[1]
 
 
 def screen(

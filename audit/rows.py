@@ -1,4 +1,5 @@
-"""A row's values as one JSON document, unpacked in its statement by `jsonb_populate_record`.
+"""Rows as the engine writes and reads them in one statement: a row's values as one JSON document,
+unpacked in its statement by `jsonb_populate_record`; rows read with their table's stamp.
 
 A write of many columns is then a statement of few parameters, whose text psycopg parses once and
 caches: it parses afresh every statement of more than 50 parameters or 4,096 characters, which cost
@@ -14,10 +15,12 @@ import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
 from django.db.models import Field, JSONField, Model
+
+M = TypeVar("M", bound=Model)
 
 
 def populated(model: type[Model]) -> str:
@@ -41,3 +44,17 @@ def _plain(field: Field[Any, Any], value: Any) -> Any:
     if isinstance(prepped, Decimal | uuid.UUID):
         return str(prepped)
     raise TypeError(f"{field.model.__name__}.{field.name}: {type(prepped).__name__} has no JSON form here")
+
+
+def read_stamped(model: type[M], stamp_sql: str, *, where: str, order_by: str) -> tuple[str, list[M]]:
+    """The rows of `model` that `where` selects (on alias `t`), with the stamp (a fingerprint of every
+    row of its table: `stamp_sql`) read in the same statement, so that the stamp describes exactly the
+    rows returned; a cache kept under it is never one of other rows."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    rows = list(
+        model._default_manager.raw(
+            f"SELECT t.*, s.stamp AS table_stamp FROM (SELECT {stamp_sql} AS stamp) s "  # noqa: S608 - names and constants
+            f"LEFT JOIN {table} t ON {where} ORDER BY {order_by}"
+        )
+    )
+    return rows[0].table_stamp, [row for row in rows if row.pk is not None]  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -101,6 +102,7 @@ class Call:
     made: int  # attempts made that count against the retries (a lost one does not)
     attempt: Attempt | None = None
     delay_s: float = 0.0  # the backoff before the next attempt
+    started_at: datetime | None = None  # when the step first started (a resumed one), before this call
 
 
 @dataclass
@@ -146,7 +148,13 @@ def begin_step(run: Run, step: Step, visible: list[Step]) -> Call:
         earlier = step.attempts.aggregate(
             made=Count("pk", filter=~Q(status=Attempt.Status.LOST)), last=Max("number")
         )
-        call = Call(step=step, worker=step.worker, number=(earlier["last"] or 0) + 1, made=earlier["made"])  # type: ignore[arg-type]
+        call = Call(
+            step=step,
+            worker=step.worker,  # type: ignore[arg-type]  # checked in _start
+            number=(earlier["last"] or 0) + 1,
+            made=earlier["made"],
+            started_at=step.started_at,
+        )
     stopped = write_once(run, partial(_start, run, call, visible))
     if stopped is not None:
         raise stopped
@@ -174,8 +182,9 @@ def begin_next(
 
 def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
     step = call.step
+    step.started_at = call.started_at  # as before this call (a stage may run twice)
     worker = workers_as_of(fenced.workers_stamp).get(step.worker_slug)  # as it is now: enabled, or None
-    if worker is None:
+    if worker is None or worker.pk != step.worker_id:
         message = (
             f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
         )

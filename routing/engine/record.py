@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import Any, TypeVar
 
@@ -237,6 +237,12 @@ def claim_current(run: Run) -> None:
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops before its next call")
 
 
+def stored_usd(amount: Decimal) -> Decimal:
+    """An amount as the run's cost column stores it (PostgreSQL rounds half away from zero)."""
+    places = Run._meta.get_field("cost_usd").decimal_places  # type: ignore[union-attr]
+    return amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+
+
 def next_id(model: type[Model]) -> int:
     """A primary key drawn from the model's sequence, for a row whose id its own statement needs (an
     audit event names it) before the row is inserted."""
@@ -276,7 +282,7 @@ def write_once(
     if known is not None:
         guess = replace(
             known,
-            spent=known.spent + cost,
+            spent=stored_usd(known.spent + cost),  # as the column keeps it, or the next guard misses
             input_tokens=known.input_tokens + input_tokens,
             output_tokens=known.output_tokens + output_tokens,
         )
@@ -441,14 +447,20 @@ class Writes:
         answers = [f"(SELECT count(*) FROM {gate})" if gate else "1"]  # noqa: S608
         answers += [f"(SELECT id FROM e{i})" for i in range(len(events))]  # noqa: S608
         answers += [f"(SELECT * FROM i{i})" for i in range(len(self.inserts))]  # noqa: S608
+        if guard is not None and planned is not None:
+            answers.append("(SELECT count(*) FROM f)")  # the run as assumed: then the head had moved
         with connection.cursor() as cursor:
             cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(answers)}", params)  # noqa: S608
             row = cursor.fetchone()
         if not row[0]:
+            if guard is not None and planned is not None and row[-1]:
+                audit_chain.forget(planned.chain)  # read under its lock next time, not tried again
             return False
         if planned is not None:
             audit_chain.appended(planned, list(row[1 : 1 + len(events)]))
-        for obj, pk in zip(self.inserts, row[1 + len(events) :], strict=True):
+        for obj, pk in zip(
+            self.inserts, row[1 + len(events) : 1 + len(events) + len(self.inserts)], strict=True
+        ):
             obj.pk = pk
             obj._state.adding = False
         for event in events:

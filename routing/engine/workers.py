@@ -4,6 +4,8 @@ are read again only when one changed, however it changed (the admin, the API, SQ
 
 from __future__ import annotations
 
+from audit import rows
+
 from ..models import Worker
 
 WORKERS_STAMP_SQL = (
@@ -14,12 +16,12 @@ _read: tuple[str, dict[str, Worker]] | None = None
 
 def workers_as_of(stamp: str | None) -> dict[str, Worker]:
     """The enabled workers by slug, given their stamp read just before: read from the database only
-    when it is not the stamp of the workers this process last read (always when None)."""
+    when it is not the stamp of the workers this process last read (always when None). Read, they are
+    kept under the stamp read with them, in their statement."""
     global _read
     kept = _read
     if stamp and kept is not None and kept[0] == stamp:
         return kept[1]
-    workers = {w.slug: w for w in Worker.objects.filter(enabled=True).order_by("slug")}
-    if stamp:
-        _read = (stamp, workers)  # read after the stamp: at worst newer, and read again next time
-    return workers
+    read_stamp, workers = rows.read_stamped(Worker, WORKERS_STAMP_SQL, where="t.enabled", order_by="t.slug")
+    _read = (read_stamp, {w.slug: w for w in workers})
+    return _read[1]

@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from audit.services import ENGINE, event_record
 from audit.verify import verify
 from routing import engine
-from routing.models import Attempt, Run, RunStatus, Step, StepStatus, Worker
+from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Worker
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import assert_rollups_exact, submit
 
@@ -152,3 +152,30 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
     assert not steps[1].attempts.exists()
     report = verify(chains=[audit_chain.run_chain(run.correlation_id)])
     assert report.intact, report.problems
+
+
+def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statement(live_pool):
+    """A call can cost more decimal places than the run's totals keep (a price per million tokens times
+    a few tokens): the process must assume the totals as the column stored them, or every later guard
+    misses and each write falls back to a fenced transaction."""
+    server = live_pool["server"]
+    Worker.objects.filter(slug="alpha").update(
+        input_usd_per_mtok=Decimal("0.1234567891"), output_usd_per_mtok=Decimal("0.3333333333")
+    )
+    two_steps(server, [Reply("draft", prompt_tokens=7, completion_tokens=3)])
+    run = submit()
+    with CaptureQueriesContext(connection) as captured:
+        engine.execute_run(run.pk)
+    run.refresh_from_db()
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    alpha = Attempt.objects.get(step__run=run, step__worker_slug="alpha")
+    assert alpha.cost_usd > 0
+    sql = [q["sql"] for q in captured.captured_queries]
+    # The claim, the plan, step 0's start, its success with step 1's start, step 1's success: one
+    # statement each; the run's end is the only transaction.
+    assert len(one_statement_writes(sql)) == 5
+    assert sql.count("BEGIN") == 1
+    calls = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"]
+    plans = Decision.objects.filter(run=run).aggregate(c=Sum("cost_usd"))["c"]
+    assert run.cost_usd == calls + plans
