@@ -234,19 +234,13 @@ def active_rules() -> list[PolicyRule]:
 RULES_STAMP_SQL = (
     f"(SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) FROM {PolicyRule._meta.db_table} r)"  # noqa: S608 - a name
 )
-_rules_read: tuple[str, list[PolicyRule]] | None = None
+_rules = rows.Stamped(PolicyRule, RULES_STAMP_SQL, where="t.enabled", order_by="t.name")
 
 
 def rules_as_of(stamp: str) -> list[PolicyRule]:
     """The enabled rules, given their stamp (RULES_STAMP_SQL) read just before; read from the database
-    only when the stamp is not the one of the rules this process last read. Read, they are kept under
-    the stamp read with them (in their statement): it may be newer than `stamp`, never other rules'."""
-    global _rules_read
-    kept = _rules_read
-    if kept is not None and kept[0] == stamp:
-        return kept[1]
-    _rules_read = rows.read_stamped(PolicyRule, RULES_STAMP_SQL, where="t.enabled", order_by="t.name")
-    return _rules_read[1]
+    only when the stamp is not the one of the rules this process last read."""
+    return _rules.as_of(stamp)
 
 
 def screen(

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.db import connection
 from django.db.models import Field, JSONField, Model
@@ -58,3 +58,21 @@ def read_stamped(model: type[M], stamp_sql: str, *, where: str, order_by: str) -
         )
     )
     return rows[0].table_stamp, [row for row in rows if row.pk is not None]  # type: ignore[attr-defined]
+
+
+class Stamped(Generic[M]):
+    """Rows kept by this process under their table's stamp, read again only when a caller brings a
+    stamp (read in a statement it makes anyway) that is not the one they were read with."""
+
+    def __init__(self, model: type[M], stamp_sql: str, *, where: str, order_by: str) -> None:
+        self.model, self.stamp_sql, self.where, self.order_by = model, stamp_sql, where, order_by
+        self._kept: tuple[str, list[M]] | None = None
+
+    def as_of(self, stamp: str | None) -> list[M]:
+        """The rows, given their stamp read just before (None: read them now). Read, they are kept
+        under the stamp read with them: it may be newer than `stamp`, never other rows'."""
+        kept = self._kept
+        if stamp and kept is not None and kept[0] == stamp:
+            return kept[1]
+        self._kept = read_stamped(self.model, self.stamp_sql, where=self.where, order_by=self.order_by)
+        return self._kept[1]

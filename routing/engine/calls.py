@@ -102,7 +102,7 @@ class Call:
     made: int  # attempts made that count against the retries (a lost one does not)
     attempt: Attempt | None = None
     delay_s: float = 0.0  # the backoff before the next attempt
-    started_at: datetime | None = None  # when the step first started (a resumed one), before this call
+    started_at: datetime | None = None  # when its step first started (a resumed one), before this call
 
 
 @dataclass
@@ -182,7 +182,6 @@ def begin_next(
 
 def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
     step = call.step
-    step.started_at = call.started_at  # as before this call (a stage may run twice)
     worker = workers_as_of(fenced.workers_stamp).get(step.worker_slug)  # as it is now: enabled, or None
     if worker is None or worker.pk != step.worker_id:
         message = (
@@ -199,9 +198,13 @@ def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Wri
         return RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
     if fenced.spent >= run.task.max_usd:
         return _budget_reached(run, step, fenced.spent, writes)
-    step.status = StepStatus.RUNNING
-    step.started_at = step.started_at or timezone.now()
-    writes.update(step, status=step.status, started_at=step.started_at, messages_sent=step.messages_sent)
+    writes.update(
+        step,
+        status=StepStatus.RUNNING,
+        # A resumed step keeps its first start; a start staged again is now again, not the first try's.
+        started_at=call.started_at or timezone.now(),
+        messages_sent=step.messages_sent,
+    )
     writes.event(Action.STEP_STARTED, step, started_payload(run, step, visible))
     call.attempt = writes.insert(Attempt(step=step, number=call.number, started_at=timezone.now()))
     return None
@@ -278,18 +281,13 @@ def _attempt_failed(
     run: Run, step: Step, attempt: Attempt, exc: ProviderCallError, *, latency_ms: int
 ) -> None:
     def stage(fenced: Fence, writes: Writes) -> None:
-        attempt.status = exc.status
-        attempt.http_status = exc.http_status
-        attempt.error = str(exc)
-        attempt.latency_ms = latency_ms
-        attempt.finished_at = timezone.now()
         writes.update(
             attempt,
-            status=attempt.status,
-            http_status=attempt.http_status,
-            error=attempt.error,
+            status=exc.status,
+            http_status=exc.http_status,
+            error=str(exc),
             latency_ms=latency_ms,
-            finished_at=attempt.finished_at,
+            finished_at=timezone.now(),
         )
         writes.event(
             Action.ATTEMPT_FAILED,
@@ -340,33 +338,20 @@ def _attempt_succeeded(
         }
 
     def stage(fenced: Fence, writes: Writes) -> None:
-        attempt.status = Attempt.Status.SUCCEEDED
-        attempt.input_tokens = completion.input_tokens
-        attempt.output_tokens = completion.output_tokens
-        attempt.cost_usd = cost
-        attempt.latency_ms = latency_ms
-        attempt.provider_request_id = completion.request_id[:200]
-        attempt.finished_at = now
         writes.update(
             attempt,
-            status=attempt.status,
-            input_tokens=attempt.input_tokens,
-            output_tokens=attempt.output_tokens,
+            status=Attempt.Status.SUCCEEDED,
+            input_tokens=completion.input_tokens,
+            output_tokens=completion.output_tokens,
             cost_usd=cost,
             latency_ms=latency_ms,
-            provider_request_id=attempt.provider_request_id,
+            provider_request_id=completion.request_id[:200],
             finished_at=now,
-        )
-        step.status, step.response, step.finished_at, step.error = (
-            StepStatus.SUCCEEDED,
-            completion.text,
-            now,
-            "",
         )
         writes.update(
             step,
-            status=step.status,
-            response=step.response,
+            status=StepStatus.SUCCEEDED,
+            response=completion.text,
             cost_usd=totals["cost"],
             input_tokens=totals["input_tokens"],
             output_tokens=totals["output_tokens"],
@@ -407,7 +392,6 @@ def step_failed(run: Run, step: Step, message: str, *, note: str = "") -> None:
 
 def mark_failed(run: Run, step: Step, message: str, writes: Writes, *, note: str = "") -> None:
     """A step failed, with its event: staged in the writes of the caller's transaction."""
-    step.status = StepStatus.FAILED
     writes.update(step, status=StepStatus.FAILED, error=message, note=note, finished_at=timezone.now())
     writes.event(
         Action.STEP_FAILED,

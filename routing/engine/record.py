@@ -270,7 +270,7 @@ def write_once(
     output_tokens: int = 0,
 ) -> T:
     """A write transaction of the engine, in one statement when it can be. `stage` decides what to
-    write from the run's totals (this cost added) and the policy rules' stamp, and stages it.
+    write from the run's totals (this cost added) and the rules' and workers' stamps, and stages it.
 
     First on what this process last read under the run's lock (its last fence): the statement writes
     only if all of it still holds (the claim, the totals, the rules' stamp, the chain's head), and is
@@ -307,7 +307,7 @@ def write_once(
 @dataclass(frozen=True)
 class Guard:
     """What a statement of `write_once` assumes of the run: its first expression `f` locks the run's
-    row and has no row when the claim, the totals or the policy rules' stamp moved (the fence's check;
+    row and has no row when the claim, the totals, or the rules' or workers' stamp moved (the fence's check;
     the cost is added by a write like the others, only if the whole statement is written). `epoch` and
     `status`: what the claim itself assumes (a claim raises the epoch in the statement it guards)."""
 
@@ -350,11 +350,15 @@ class Writes:
     events: list[tuple[str, Model, dict[str, Any]]] = field(default_factory=list)
 
     def update(self, obj: Model, only_if: dict[str, Any] | None = None, **values: Any) -> None:
-        """Set these values on obj's row (`only_if` its columns still hold these: else the row is left,
-        and the rest written)."""
+        """Set these values on obj's row, and on obj now: what is staged after reads it (a follower's
+        messages read the response of the step that succeeded). `only_if`: only if its columns still
+        hold these (else the row is left, and the rest written); obj is then left as it is."""
         self.updates.setdefault((type(obj), obj.pk), {}).update(values)
         if only_if:
             self.only_if.setdefault((type(obj), obj.pk), {}).update(only_if)
+        else:
+            for name, value in values.items():
+                setattr(obj, name, value)
 
     def insert(self, obj: M) -> M:
         """Staged: `obj` gets its primary key when the statement is made."""

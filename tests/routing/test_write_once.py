@@ -18,7 +18,7 @@ from audit.verify import verify
 from routing import engine
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Worker
 from tests.openai_server import Reply, plan_json
-from tests.routing.test_engine import assert_rollups_exact, submit
+from tests.routing.test_engine import assert_rollups_exact, run_now, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,9 +110,8 @@ def test_a_chain_head_moved_by_another_process_is_read_under_its_lock_and_built_
         return Reply("draft")
 
     two_steps(server, alpha)
-    run = submit()
-    engine.execute_run(run.pk)
-    run.refresh_from_db()
+    run = submit()  # before the call: alpha's callback names it
+    run = run_now(run)
 
     assert run.status == RunStatus.SUCCEEDED, run.error
     events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
@@ -140,9 +139,7 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
         return Reply("draft")
 
     two_steps(server, alpha)
-    run = submit()
-    engine.execute_run(run.pk)
-    run.refresh_from_db()
+    run = run_now(submit())
 
     assert run.status == RunStatus.FAILED and run.stop_reason == "unknown_worker", run.error
     assert "worker 'beta', which is not registered or not enabled" in run.error
