@@ -161,15 +161,17 @@ def plan(chain: str, events: list[dict[str, Any]], *, lock: bool = False) -> Pla
     return Planned(chain=chain, expect=known, events=built)
 
 
-def append_sql(planned: Planned, *, guard: str = "") -> tuple[list[str], list[Any]]:
+def append_sql(planned: Planned, *, guard: str = "", seal: bool = False) -> tuple[list[str], list[Any]]:
     """The planned events as common table expressions of one statement: `h` moves the chain's head to
     the last event if it is still `expect` and not sealed (`guard`: a further condition), which locks
-    it; `e0`, `e1`, ... insert the events, only if `h` moved it, each RETURNING its id."""
+    it, and with `seal` seals the chain there (its last event); `e0`, `e1`, ... insert the events,
+    only if `h` moved it, each RETURNING its id."""
     last = planned.events[-1]
     fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    sealing = ", sealed = true" if seal else ""
     ctes = [
-        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s "  # noqa: S608 - names, not data
+        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s{sealing} "  # noqa: S608 - names, not data
         f"WHERE chain = %s AND seq = %s AND hash = %s AND NOT sealed{guard} RETURNING 1)"
     ]
     params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
@@ -183,42 +185,47 @@ def append_sql(planned: Planned, *, guard: str = "") -> tuple[list[str], list[An
     return ctes, params
 
 
-def appended(planned: Planned, ids: list[int]) -> None:
-    """The planned events were written (with these ids): this process remembers the chain's new head."""
+def appended(planned: Planned, ids: list[int], *, sealed: bool = False) -> None:
+    """The planned events were written (with these ids): this process remembers the chain's new head
+    (a chain they sealed takes no more: it forgets it)."""
     for event, pk in zip(planned.events, ids, strict=True):
         event.pk = pk
         event._state.adding = False
     last = planned.events[-1]
-    _remember(planned.chain, last.seq, last.hash)
+    if sealed:
+        forget(planned.chain)
+    else:
+        _remember(planned.chain, last.seq, last.hash)
 
 
-def append(*, chain: str, **fields: Any) -> AuditEvent:
+def append(*, chain: str, seal: bool = False, **fields: Any) -> AuditEvent:
     """Append one event to a chain. The caller's transaction holds the chain head until it commits.
     Its action must be one of audit.actions.Action (stored as the plain string).
 
     One statement when this process wrote the chain's last event (a run's chain: its engine): the event
     is built on the head it remembers, and inserted only if the head is still that one, moved in the
     same statement (which locks it). Anything else (a head another process moved, a rolled-back
-    append, a new chain) takes the head's lock first and builds on what it reads.
+    append, a new chain) takes the head's lock first and builds on what it reads. With `seal`, the
+    event is the chain's last: the same statement seals it (`seal`).
     """
     planned = plan(chain, [fields])
-    if planned is None or not _insert(planned):
+    if planned is None or not _insert(planned, seal=seal):
         forget(chain)
         planned = plan(chain, [fields], lock=True)
         assert planned is not None
-        if not _insert(planned):  # the head was locked by this transaction: it cannot have gone
+        if not _insert(planned, seal=seal):  # the head was locked by this transaction: it cannot have gone
             raise RuntimeError(f"audit chain {chain} has no head")
     return planned.events[0]
 
 
-def _insert(planned: Planned) -> bool:
-    ctes, params = append_sql(planned)
-    with connection.cursor() as cursor:
+def _insert(planned: Planned, *, seal: bool = False) -> bool:
+    ctes, params = append_sql(planned, seal=seal)
+    with rows.prepared_cursor() as cursor:
         cursor.execute(f"WITH {', '.join(ctes)} SELECT id FROM e0", params)  # noqa: S608 - names, not data
         row = cursor.fetchone()
     if row is None:
         return False
-    appended(planned, [row[0]])
+    appended(planned, [row[0]], sealed=seal)
     return True
 
 
@@ -241,7 +248,7 @@ def seal(*, chain: str) -> ChainHead:
     statement (which locks the head until the caller's transaction ends) for a chain with events."""
     _HEADS.pop(chain, None)
     now = timezone.now()  # updated_at moves too: the next checkpoint signs the sealed head
-    with connection.cursor() as cursor:
+    with rows.prepared_cursor() as cursor:
         cursor.execute(
             f"UPDATE {ChainHead._meta.db_table} SET sealed = true, updated_at = %s WHERE chain = %s "  # noqa: S608 - a name
             "RETURNING seq, hash",

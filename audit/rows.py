@@ -10,6 +10,7 @@ offset, decimals and UUIDs as their text, a JSON field's value as itself.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable
@@ -76,3 +77,46 @@ class Stamped(Generic[M]):
             return kept[1]
         self._kept = read_stamped(self.model, self.stamp_sql, where=self.where, order_by=self.order_by)
         return self._kept[1]
+
+
+def prepared_cursor() -> Any:
+    """A cursor whose statements are prepared on the server the first time their text is sent, their
+    parameters bound there (not quoted into the text): the engine's writes, whose text is the same for
+    every write of a kind, are parsed and planned once per connection. Wrapped as Django wraps its own
+    cursors (query logging, execute wrappers). Django leaves psycopg's preparing off (for connection
+    poolers that cannot keep prepared statements); these statements ask for it each time."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = _ONLY_WHEN_ASKED
+    return connection._prepare_cursor(_prepared_class()(raw))
+
+
+_ONLY_WHEN_ASKED = 2**31 - 1  # psycopg prepares a statement after this many runs, or when asked
+
+
+@functools.cache
+def _prepared_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class Prepared(ServerBindingCursor):  # type: ignore[misc, valid-type]
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs.setdefault("prepare", True)
+            result = super().execute(query, params, **kwargs)
+            self._query = _Shown(self.connection, query, params)  # what Django logs (debug, tests)
+            return result
+
+    return Prepared
+
+
+class _Shown:
+    """The statement as Django's query log shows it (its parameters quoted in), made only if read."""
+
+    def __init__(self, conn: Any, query: Any, params: Any) -> None:
+        self._conn, self._text, self._params = conn, query, params
+
+    @property
+    def query(self) -> bytes:
+        import psycopg
+
+        return psycopg.ClientCursor(self._conn).mogrify(self._text, self._params).encode()

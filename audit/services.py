@@ -60,15 +60,18 @@ def event_record(
     payload: dict[str, Any] | None = None,
     task_id: uuid.UUID | None = None,
     correlation_id: uuid.UUID | None = None,
+    seal: bool = False,
 ) -> AuditEvent:
     """Append one event. Must run inside the transaction that makes the change it describes.
 
     Events of a run (with its correlation id) go to the run's chain; all others to the global chain.
+    `seal`: the run's last event, its chain sealed by the same statement (see run_chain_seal).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit events must be written inside the transaction of the change")
     return chain.append(
         chain=chain.chain_for(correlation_id),
+        seal=seal,
         **event_fields(
             actor=actor,
             action=action,
@@ -104,9 +107,12 @@ def event_fields(
     }
 
 
-def run_chain_seal(*, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | None) -> AuditEvent:
-    """Seal a finished run's chain into the global chain (in the transaction that finishes the run)."""
-    head = chain.seal(chain=chain.run_chain(correlation_id))
+def run_chain_seal(
+    *, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | None, last: AuditEvent | None = None
+) -> AuditEvent:
+    """Seal a finished run's chain into the global chain (in the transaction that finishes the run).
+    `last`: the run chain's last event, whose append sealed it (`event_record(seal=True)`)."""
+    head = chain.seal(chain=chain.run_chain(correlation_id)) if last is None else last
     return chain.append(
         chain=GLOBAL_CHAIN,
         actor_type=ENGINE.type,

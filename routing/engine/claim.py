@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from decimal import Decimal
@@ -66,25 +67,30 @@ class _Keeper:
     """Keeps the lock's connection busy and watched: every CONDUCTOR_HEARTBEAT_S it writes the run's
     heartbeat through it, fenced by the claim epoch. If the connection dies (an idle-session timeout, a
     reaper, a restart) the lock is gone with it: `lost` is set and the engine stops before its next
-    write or call."""
+    write or call. The beats are sent by the process's one heartbeat thread (HEARTBEATS): a thread
+    started for each run cost more than the run's own writes."""
 
     def __init__(self, lock_conn: psycopg.Connection, run: Run):
         self.lock_conn, self.run = lock_conn, run
         self.lost = threading.Event()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._beat, name=f"run-{run.pk}-keeper", daemon=True)
+        self.using = threading.Lock()  # a beat and the lock's release never share the connection
+        self.done = False
+        self.due = 0.0
 
     def __enter__(self) -> _Keeper:
         self.run._claim_lost = self.lost  # type: ignore[attr-defined]
-        self.thread.start()
+        HEARTBEATS.add(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.stopped.set()
-        self.thread.join()
+        HEARTBEATS.remove(self)
+        with self.using:  # a beat being sent ends first: the connection is the lock's again
+            self.done = True
 
-    def _beat(self) -> None:
-        while not self.stopped.wait(settings.CONDUCTOR_HEARTBEAT_S):
+    def beat(self) -> None:
+        with self.using:
+            if self.done or self.lost.is_set():
+                return
             try:
                 updated = self.lock_conn.execute(
                     "UPDATE routing_run SET heartbeat_at = now() WHERE id = %s AND claim_epoch = %s",
@@ -95,7 +101,47 @@ class _Keeper:
             if not updated:
                 log.warning("run %s: the run lock or the claim was lost; stopping", self.run.pk)
                 self.lost.set()
-                return
+
+
+class Heartbeats:
+    """The process's heartbeat thread: beats each run this process holds every CONDUCTOR_HEARTBEAT_S
+    (its first beat that long after its claim). Started with the first run, and again in a forked
+    child (a thread does not survive a fork)."""
+
+    def __init__(self) -> None:
+        self._keepers: set[_Keeper] = set()
+        self._changed = threading.Condition()
+        self._pid = 0
+
+    def add(self, keeper: _Keeper) -> None:
+        with self._changed:
+            if self._pid != os.getpid():
+                self._keepers, self._pid = set(), os.getpid()
+                threading.Thread(target=self._beat, name="run-heartbeats", daemon=True).start()
+            keeper.due = time.monotonic() + settings.CONDUCTOR_HEARTBEAT_S
+            self._keepers.add(keeper)
+            self._changed.notify()
+
+    def remove(self, keeper: _Keeper) -> None:
+        with self._changed:
+            self._keepers.discard(keeper)
+
+    def _beat(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [k for k in self._keepers if k.due <= now]
+                for keeper in due:
+                    keeper.due = now + settings.CONDUCTOR_HEARTBEAT_S
+                wake = min((k.due for k in self._keepers), default=now + settings.CONDUCTOR_HEARTBEAT_S)
+                if not due:
+                    self._changed.wait(max(0.0, wake - now))
+                    continue
+            for keeper in due:  # outside the mutex: a slow beat does not hold up claims and releases
+                keeper.beat()
+
+
+HEARTBEATS = Heartbeats()
 
 
 class LockConnections:

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.actions import Action
+from audit.rows import prepared_cursor
 from audit.services import run_chain_seal
 
 from ..hashing import content_hash
@@ -20,12 +21,11 @@ from ..models import (
     RunStatus,
     Step,
     StepStatus,
-    Task,
 )
 from ..scoring import scorers
 from ..scoring.judge import judge
 from ..signals import run_finished
-from .record import fenced_write, record_event, task_totals
+from .record import fenced_write, record_event, task_ended
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,14 @@ def finish_run(run: Run, *, last: Step) -> None:
                 "finished_at": now,
                 "error": "",
             }
-        Task.objects.filter(pk=task.pk).update(**ended, **task_totals())
+        task_ended(task.pk, ended)
         _settle_steps(run, now, reason="the run finished without it")
         totals = {
             "cost_usd": fenced.spent,
             "input_tokens": fenced.input_tokens,
             "output_tokens": fenced.output_tokens,
         }
-        record_event(
+        last_event = record_event(
             run,
             Action.RUN_SUCCEEDED,
             run,
@@ -91,8 +91,9 @@ def finish_run(run: Run, *, last: Step) -> None:
                 "scorer": scorers.scorer_name(task.scorer, task.domain) if score is not None else None,
                 **totals,
             },
+            seal=True,
         )
-        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk)
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk, last=last_event)
         run_finished.send(sender=Run, run=run, now=now)
 
 
@@ -106,14 +107,15 @@ def fail_run(run: Run, message: str, stop_reason: str) -> None:
         ended: dict[str, object] = {}
         if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
             ended = {"status": RunStatus.FAILED, "error": message, "finished_at": now}
-        Task.objects.filter(pk=run.task_id).update(**ended, **task_totals())
-        record_event(
+        task_ended(run.task_id, ended)
+        last_event = record_event(
             run,
             Action.RUN_FAILED,
             run,
             {"error": message, "stop_reason": stop_reason},
+            seal=True,
         )
-        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id)
+        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id, last=last_event)
         run_finished.send(sender=Run, run=run, now=now)
 
 
@@ -124,6 +126,13 @@ def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
     started is skipped; one left running (an unexpected error stopped the run mid-step) failed. Each
     change is an engine event, like any other change of a step's state.
     """
+    with prepared_cursor() as cursor:  # mostly none: a prepared look before the ORM's query
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM routing_step WHERE run_id = %s AND status IN (%s, %s))",
+            [run.pk, StepStatus.PENDING, StepStatus.RUNNING],
+        )
+        if not cursor.fetchone()[0]:
+            return
     unsettled = list(
         Step.objects.select_for_update(of=("self",))
         .filter(run=run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])

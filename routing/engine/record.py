@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import psycopg
 from django import db as django_db
 from django.db import connection, transaction
-from django.db.models import F, Field, Model, OuterRef, Subquery, Sum
+from django.db.models import F, Field, Model
 from django.utils import timezone
 
 from audit import chain as audit_chain
@@ -24,7 +24,7 @@ from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields, event_record
 
 from .. import live, log_context
-from ..models import Run, Worker
+from ..models import Run, Task, Worker
 from .workers import WORKERS_STAMP_SQL, workers_as_of
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,9 @@ def fenced(
         run._fenced = False  # type: ignore[attr-defined]
 
 
-def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> None:
+def record_event(
+    run: Run, action: str, obj: Any, payload: dict[str, Any], *, seal: bool = False
+) -> AuditEvent:
     """An engine event on the run's chain; call inside the transaction of the change it records.
 
     Watchers of the task get a small live event after commit, numbered by the event's place in the
@@ -120,7 +122,7 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
     Every write transaction of the engine records an event, so this is also where the claim is fenced
     (unless the transaction is a `fenced_write`, which did it first): the run row is locked and its
     claim epoch must still be this process's, or the whole transaction (the change with its event)
-    rolls back.
+    rolls back. `seal`: the run's last event, which seals its chain in the same statement.
     """
     if not getattr(run, "_fenced", False):
         fence(run)
@@ -131,8 +133,10 @@ def record_event(run: Run, action: str, obj: Any, payload: dict[str, Any]) -> No
         task_id=run.task_id,
         correlation_id=run.correlation_id,
         payload=payload,
+        seal=seal,
     )
     announce(run, event)
+    return event
 
 
 def announce(run: Run, event: AuditEvent) -> None:
@@ -189,7 +193,7 @@ def fence(
     if lost is not None and lost.is_set():
         raise Fenced(f"run {run.pk}: the lock's connection was lost; this process stops")
     returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamps}"
-    with connection.cursor() as cursor:
+    with rows.prepared_cursor() as cursor:
         if cost or input_tokens or output_tokens or sets:
             columns = "".join(f", {_quoted(Run._meta.get_field(name).column)} = %s" for name in sets or {})  # type: ignore[union-attr]
             cursor.execute(
@@ -247,7 +251,7 @@ def next_id(model: type[Model]) -> int:
     """A primary key drawn from the model's sequence, for a row whose id its own statement needs (an
     audit event names it) before the row is inserted."""
     table, column = model._meta.db_table, model._meta.pk.column  # type: ignore[union-attr]
-    with connection.cursor() as cursor:
+    with rows.prepared_cursor() as cursor:
         cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s))", [table, column])
         return int(cursor.fetchone()[0])
 
@@ -453,7 +457,7 @@ class Writes:
         answers += [f"(SELECT * FROM i{i})" for i in range(len(self.inserts))]  # noqa: S608
         if guard is not None and planned is not None:
             answers.append("(SELECT count(*) FROM f)")  # the run as assumed: then the head had moved
-        with connection.cursor() as cursor:
+        with rows.prepared_cursor() as cursor:
             cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(answers)}", params)  # noqa: S608
             row = cursor.fetchone()
         if not row[0]:
@@ -484,11 +488,17 @@ def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) 
     )
 
 
-def task_totals() -> dict[str, Subquery]:
-    """A task's totals, for its UPDATE when one of its runs ends: the sum of its runs' (so a run still
-    going counts once it ends, and totals never drift from the runs they sum)."""
-    runs = Run.objects.filter(task_id=OuterRef("pk")).order_by().values("task_id")
-    return {
-        field: Subquery(runs.annotate(total=Sum(field)).values("total"))
-        for field in ("cost_usd", "input_tokens", "output_tokens")
-    }
+def task_ended(task_id: Any, ended: dict[str, Any]) -> None:
+    """The task's row when one of its runs ends, in one prepared statement: `ended` (the fields a run
+    that is the task's own sets: its status, answer, score) and its totals, the sum of its runs' (so a
+    run still going counts once it ends, and totals never drift from the runs they sum)."""
+    fields = [Task._meta.get_field(name) for name in ended]
+    assert all(isinstance(f, Field) for f in fields)
+    sets = "".join(f"{_quoted(f.column)} = r.{_quoted(f.column)}, " for f in fields)  # type: ignore[union-attr]
+    with rows.prepared_cursor() as cursor:
+        cursor.execute(
+            f"UPDATE routing_task t SET {sets}(cost_usd, input_tokens, output_tokens) = "  # noqa: S608 - names, not data
+            "(SELECT sum(cost_usd), sum(input_tokens), sum(output_tokens) FROM routing_run WHERE task_id = t.id) "
+            f"FROM {rows.populated(Task)} AS r WHERE t.id = %s",
+            [rows.document(zip(fields, ended.values(), strict=True)), task_id],  # type: ignore[arg-type]
+        )

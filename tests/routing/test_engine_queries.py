@@ -38,7 +38,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # end was written in its fence's statement and the three rollup statements were sent together (one
 # round trip, counted here as one); 19 (11) before the plan's policy check moved into its statement
 # (on the rules' stamp it checks) and the workers were read as of a stamp read with the claim.
-STATEMENTS = 17
+# 17 before the engine's statements were prepared on the server (audit.rows.prepared_cursor: parsed
+# and planned once per connection, which was more than their round trips): the three rollup statements
+# are now sent each on its own (a prepared statement is one statement), and the run chain's seal rides
+# on its last event's append.
+STATEMENTS = 18
 TRANSACTIONS = 9
 
 
@@ -79,6 +83,28 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     first_step = sql.index(one_statement[2])
     assert sql[first_step : first_step + 4] == one_statement[2:]
     assert sql[first_step + 4] == "BEGIN"  # nothing read or written between the steps
+    # The run chain is sealed by its last event's append: no statement of its own.
+    assert not [s for s in sql if s.startswith("UPDATE audit_chainhead SET sealed")]
+
+    # The writes are prepared statements of this connection, planned once and reused (a generic plan):
+    # run again, the same statements are not prepared anew.
+    prepared = _prepared()
+    assert prepared["WITH f AS"] >= 4 and prepared["INSERT INTO routing_usagerollup"] == 1, prepared
+    program(server)
+    engine.execute_run(submit("Three more steps").pk)
+    again = _prepared()
+    assert again["count"] == prepared["count"], (prepared, again)
+
+
+def _prepared() -> dict[str, int]:
+    """This connection's prepared statements: how many, how many are engine writes (WITH f AS ...)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH f AS%%'), "
+            "count(*) FILTER (WHERE statement LIKE '%%INSERT INTO routing_usagerollup%%') FROM pg_prepared_statements"
+        )
+        count, writes, rollups = cursor.fetchone()
+    return {"count": count, "WITH f AS": writes, "INSERT INTO routing_usagerollup": rollups}
 
 
 def count_transactions(sql: list[str]) -> int:
