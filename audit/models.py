@@ -45,7 +45,9 @@ class AuditEvent(models.Model):
     actor_type = models.CharField(max_length=10, choices=ActorType.choices)
     actor_id = models.CharField(max_length=100, blank=True)
     actor_name = models.CharField(max_length=150, help_text="Copied so the record outlives the account")
-    action = models.CharField(max_length=60, db_index=True)
+    # Indexed by audit_action_id (action, newest first, a prefix too): no index of its own, two
+    # fewer on every event.
+    action = models.CharField(max_length=60)
     object_type = models.CharField(max_length=60)
     object_id = models.CharField(max_length=100)
     task_id = models.UUIDField(null=True, blank=True, db_index=True)
@@ -58,7 +60,13 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["object_type", "object_id"], name="audit_object"),
             models.Index(fields=["actor_name", "-id"], name="audit_actor"),
-            models.Index(fields=["action", "-id"], name="audit_action_id"),
+            # An action's events newest first; with the pattern operator class its prefix too (the event
+            # log's filter, "step." for every step event), under any collation.
+            models.Index(
+                fields=["action", "-id"],
+                name="audit_action_id",
+                opclasses=["varchar_pattern_ops", "int8_ops"],
+            ),
             # A run's seal, found by its chain name: one run's proof is read without scanning seals.
             models.Index(
                 KT("payload__chain"), condition=Q(action=Action.RUN_SEALED), name="audit_seal_chain"

@@ -242,7 +242,8 @@ class Run(models.Model):
         ROLLOUT = "rollout", "Rollout"
         EVALUATION = "evaluation", "Evaluation"
 
-    task = models.ForeignKey(Task, related_name="runs", on_delete=models.PROTECT)
+    # Indexed by run_task_created (task, newest first): no index of its own.
+    task = models.ForeignKey(Task, related_name="runs", on_delete=models.PROTECT, db_index=False)
     kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.LIVE)
     temperature = models.FloatField(
         null=True,
@@ -316,7 +317,8 @@ class Run(models.Model):
 class Decision(models.Model):
     """One call to a conductor: what it was asked, what it answered, and whether that parsed."""
 
-    run = models.ForeignKey(Run, related_name="decisions", on_delete=models.PROTECT)
+    # Indexed by decision_run_parent (run, parent step): no index of its own.
+    run = models.ForeignKey(Run, related_name="decisions", on_delete=models.PROTECT, db_index=False)
     parent_step = models.ForeignKey(
         "Step", null=True, blank=True, related_name="child_decisions", on_delete=models.PROTECT
     )
@@ -361,11 +363,15 @@ class StepStatus(models.TextChoices):
 class Step(models.Model):
     """One subtask of a plan: which worker, what instruction, which earlier steps it may see."""
 
-    run = models.ForeignKey(Run, related_name="steps", on_delete=models.PROTECT)
-    decision = models.ForeignKey(Decision, related_name="steps", on_delete=models.PROTECT)
+    # run, decision and worker are indexed by step_run_status, step_unique_index and
+    # step_worker_finished (each leads with it): no index of their own, three fewer on every insert.
+    run = models.ForeignKey(Run, related_name="steps", on_delete=models.PROTECT, db_index=False)
+    decision = models.ForeignKey(Decision, related_name="steps", on_delete=models.PROTECT, db_index=False)
     index = models.PositiveSmallIntegerField()
     depth = models.PositiveIntegerField(default=0)
-    worker = models.ForeignKey(Worker, null=True, blank=True, related_name="steps", on_delete=models.PROTECT)
+    worker = models.ForeignKey(
+        Worker, null=True, blank=True, related_name="steps", on_delete=models.PROTECT, db_index=False
+    )
     worker_slug = models.CharField(max_length=80, help_text="Copied so the record outlives the worker")
     vendor = models.CharField(max_length=80, blank=True)
     instruction = models.TextField()
@@ -426,7 +432,8 @@ class Attempt(models.Model):
         Status.LOST,
     )
 
-    step = models.ForeignKey(Step, related_name="attempts", on_delete=models.PROTECT)
+    # Indexed by attempt_unique_number (step, number): no index of its own.
+    step = models.ForeignKey(Step, related_name="attempts", on_delete=models.PROTECT, db_index=False)
     number = models.PositiveSmallIntegerField()
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.STARTED)
     http_status = models.PositiveSmallIntegerField(null=True, blank=True)

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
@@ -58,9 +61,8 @@ def execute_plan(run: Run, decision: Decision) -> Step:
     pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
     first_error: RunStopped | None = None
 
-    with ThreadPoolExecutor(
-        max_workers=settings.CONDUCTOR_STEP_CONCURRENCY, thread_name_prefix=f"run{run.pk}"
-    ) as pool:
+    pool = _Share(settings.CONDUCTOR_STEP_CONCURRENCY)
+    try:
         ready: list[int] = []
 
         def start(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -119,11 +121,75 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                     # else the run is stopping: no new attempt (the step is settled with the run)
                 except RunStopped as stop:
                     first_error = first_error or stop
-        if first_error is not None:
-            raise first_error
+    finally:
+        wait(list(pending))  # no call of the run is left in flight when it returns, or raises
+    if first_error is not None:
+        raise first_error
     if len(done) != len(steps):  # pragma: no cover - the schedule above always reaches every step
         raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
     return steps[max(steps)]
+
+
+class _Share:
+    """A run's share of the process's step threads (STEP_THREADS): at most `limit` of its calls at
+    once, the rest queued in order. The threads are the process's, started once: a pool started for
+    each run cost more than the calls it made side by side."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.running = 0
+        self.waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self.mutex = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self.mutex:
+            go = self.running < self.limit
+            if go:
+                self.running += 1
+            else:
+                self.waiting.append((future, fn, args))
+        if go:
+            self._go(future, fn, args)
+        return future
+
+    def _go(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        STEP_THREADS.pool().submit(fn, *args).add_done_callback(partial(self._done, future))
+
+    def _done(self, future: Future[Any], inner: Future[Any]) -> None:
+        error = inner.exception()
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(inner.result())
+        with self.mutex:
+            following = self.waiting.popleft() if self.waiting else None
+            if following is None:
+                self.running -= 1
+        if following is not None:
+            self._go(*following)
+
+
+class StepThreads:
+    """The process's threads for provider calls made side by side (they touch no database): made as
+    needed, kept, made again in a forked child (threads do not survive a fork)."""
+
+    MAX = 64  # across the runs of a process; each run is held to CONDUCTOR_STEP_CONCURRENCY (_Share)
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._mutex = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._mutex:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(max_workers=self.MAX, thread_name_prefix="steps")
+                self._pid = os.getpid()
+            return self._pool
+
+
+STEP_THREADS = StepThreads()
 
 
 def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:

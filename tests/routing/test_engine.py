@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from decimal import Decimal
 
 import pytest
@@ -87,6 +88,38 @@ def test_three_step_dag_runs_independent_steps_concurrently_and_shows_each_step_
     )
     assert actions[0] == "task.submitted" and actions[-1] == "run.succeeded"
     assert actions.count("step.succeeded") == 3
+
+
+def test_a_run_keeps_to_its_step_concurrency_on_the_process_threads(live_pool, settings):
+    """The step threads are the process's (started once); each run is held to CONDUCTOR_STEP_CONCURRENCY
+    calls at once: at 1, two independent steps are called one after the other, in their order."""
+    settings.CONDUCTOR_STEP_CONCURRENCY = 1
+    server = live_pool["server"]
+    server.program(
+        "conductor",
+        [Reply(plan_json(("alpha", "Solve A", []), ("beta", "Solve B", []), ("gamma", "Combine", "all")))],
+    )
+    server.program("alpha", [Reply("answer from alpha", delay_s=0.3)])
+    server.program("beta", [Reply("answer from beta", delay_s=0.3)])
+    server.program("gamma", [Reply("42")])
+
+    run = run_now(submit())
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    a, b = server.requests_for("alpha")[0], server.requests_for("beta")[0]
+    assert a.finished <= b.started, "the second call went out before the first came back"
+    threads = {t.name for t in threading.enumerate() if t.name.startswith("steps")}
+    assert threads, "the calls were not made on the process's step threads"
+
+    server.program(
+        "conductor",
+        [Reply(plan_json(("alpha", "Solve A", []), ("beta", "Solve B", []), ("gamma", "Combine", "all")))],
+    )
+    for worker in ("alpha", "beta", "gamma"):
+        server.program(worker, [Reply("again")])
+    assert run_now(submit()).status == RunStatus.SUCCEEDED
+    # The next run used the same threads: none was started for it.
+    assert {t.name for t in threading.enumerate() if t.name.startswith("steps")} <= threads
 
 
 def test_conductor_request_carries_the_workflow_schema_and_logprobs_become_alternatives(live_pool):
