@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-from django.db import connection
+from django.db import connection, models
 from django.db.models import Field, JSONField, Model
 
 M = TypeVar("M", bound=Model)
@@ -35,6 +35,8 @@ def document(values: Iterable[tuple[Field[Any, Any], Any]]) -> str:
 
 
 def _plain(field: Field[Any, Any], value: Any) -> Any:
+    if value is None or type(value) is _kept_as(field):
+        return value  # what its field would send unchanged (a str to a text column, ...): as it is
     if isinstance(field, JSONField):
         return value  # stored as the document's own JSON (no encoder: as Django would dump it)
     prepped = field.get_db_prep_save(value, connection)
@@ -45,6 +47,58 @@ def _plain(field: Field[Any, Any], value: Any) -> Any:
     if isinstance(prepped, Decimal | uuid.UUID):
         return str(prepped)
     raise TypeError(f"{field.model.__name__}.{field.name}: {type(prepped).__name__} has no JSON form here")
+
+
+def columns(model: type[Model], alias: str) -> str:
+    """The SELECT list of every concrete column of `model` on table alias `alias`, in field order
+    (what `instance` takes back)."""
+    quote = connection.ops.quote_name
+    return ", ".join(f"{alias}.{quote(f.column)}" for f in model._meta.concrete_fields)
+
+
+def instance(model: type[M], values: Sequence[Any]) -> M:
+    """A model instance from its columns as `columns` selected them, each converted as the ORM would
+    (a JSON field's text parsed, and so on): rows read by a prepared statement, not a queryset."""
+    names, converters = _readers(model)
+    converted = list(values)
+    for i, col, field_converters in converters:
+        for convert in field_converters:
+            converted[i] = convert(converted[i], col, connection)
+    return model.from_db(connection.alias, names, converted)
+
+
+@functools.cache
+def _readers(model: type[Model]) -> tuple[list[str], list[tuple[int, Any, list[Any]]]]:
+    """The attribute names of `model`'s concrete fields, and the ORM's converters of those that have any."""
+    fields = model._meta.concrete_fields
+    converters = []
+    for i, field in enumerate(fields):
+        col = field.get_col(model._meta.db_table)
+        found = connection.ops.get_db_converters(col) + field.get_db_converters(connection)
+        if found:
+            converters.append((i, col, found))
+    return [f.attname for f in fields], converters
+
+
+@functools.cache
+def _kept_as(field: Field[Any, Any]) -> type | None:
+    """The Python type a field of this class sends as it is (its get_db_prep_save returns a value of
+    it unchanged), or None: text, integers and booleans of the plain field classes."""
+    kind = type(field)
+    if kind in (models.CharField, models.TextField, models.SlugField):
+        return str
+    if kind in (
+        models.IntegerField,
+        models.BigIntegerField,
+        models.SmallIntegerField,
+        models.PositiveIntegerField,
+        models.PositiveBigIntegerField,
+        models.PositiveSmallIntegerField,
+    ):
+        return int
+    if kind is models.BooleanField:
+        return bool
+    return None
 
 
 def read_stamped(model: type[M], stamp_sql: str, *, where: str, order_by: str) -> tuple[str, list[M]]:

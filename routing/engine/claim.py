@@ -5,6 +5,7 @@ claim (a new epoch that fences off any earlier process), and the entry point tha
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -19,19 +20,18 @@ import litellm
 import psycopg
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import CharField, OuterRef, Subquery, Value
-from django.db.models.expressions import RawSQL
-from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from audit import chain as audit_chain
-from audit import policies
+from audit import policies, rows
 from audit.actions import Action
 from audit.models import ChainHead
+from audit.rows import prepared_cursor
 
 from .. import log_context
 from ..models import (
     Attempt,
+    ConductorVersion,
     Run,
     RunStatus,
     Step,
@@ -291,27 +291,41 @@ def claim_run(run_id: int) -> Run | None:
     run as read just before (with the policy rules' stamp and its chain's head); anything else (a
     resumed run, with attempts a dead process left in flight; a run that moved meanwhile) under the
     run row's lock."""
-    first = (
-        Run.objects.select_related("task", "conductor_version")
-        .annotate(
-            rules_stamp=RawSQL(policies.RULES_STAMP_SQL, ()),  # noqa: S611 - a constant, no data in it
-            workers_stamp=RawSQL(WORKERS_STAMP_SQL, ()),  # noqa: S611 - a constant, no data in it
-            head_seq=Subquery(_run_head.values("seq")[:1]),
-            head_hash=Subquery(_run_head.values("hash")[:1]),
-        )
-        .filter(pk=run_id, deliveries=0)
-        .exclude(status__in=(RunStatus.SUCCEEDED, RunStatus.FAILED))
-        .first()
-    )
+    first = _first_delivery(run_id)
     if first is not None and _claim_first(first):
         return first
     return _claim_locked(run_id)
 
 
-# The head of a run's audit chain, for the claim's read.
-_run_head = ChainHead.objects.filter(
-    chain=Concat(Value("run:"), Cast(OuterRef("correlation_id"), output_field=CharField()))
-)
+def _first_delivery(run_id: int) -> Run | None:
+    """The run if this is its first delivery, with its task and conductor version, the rules' and
+    workers' stamps and its chain's head: one prepared statement (as a queryset, compiling it cost
+    more than running it)."""
+    with prepared_cursor() as cursor:
+        cursor.execute(_first_delivery_sql(), [run_id, RunStatus.SUCCEEDED, RunStatus.FAILED])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = (len(Run._meta.concrete_fields), len(Task._meta.concrete_fields))
+    run = rows.instance(Run, row[: split[0]])
+    run.task = rows.instance(Task, row[split[0] : split[0] + split[1]])
+    cut = split[0] + split[1] + len(ConductorVersion._meta.concrete_fields)
+    run.conductor_version = rows.instance(ConductorVersion, row[split[0] + split[1] : cut])
+    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash = row[cut:]  # type: ignore[attr-defined]
+    return run
+
+
+@functools.cache
+def _first_delivery_sql() -> str:
+    return (
+        f"SELECT {rows.columns(Run, 'run_')}, {rows.columns(Task, 'task_')}, "  # noqa: S608 - names, not data
+        f"{rows.columns(ConductorVersion, 'version_')}, {policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}, "
+        "head.seq, head.hash FROM routing_run run_ "
+        "JOIN routing_task task_ ON task_.id = run_.task_id "
+        "JOIN routing_conductorversion version_ ON version_.id = run_.conductor_version_id "
+        f"LEFT JOIN {ChainHead._meta.db_table} head ON head.chain = 'run:' || run_.correlation_id::text "
+        "WHERE run_.id = %s AND run_.deliveries = 0 AND run_.status NOT IN (%s, %s)"
+    )
 
 
 def _claim_first(run: Run) -> bool:
