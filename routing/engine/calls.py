@@ -180,6 +180,33 @@ def begin_next(
     return call, _start(run, call, visible, fenced, writes)
 
 
+def begin_with_plan(run: Run, steps: list[Step], fenced: Fence, writes: Writes) -> dict[int, Call]:
+    """The plan's first steps (those that see no other), started in the plan's own statement when
+    every one of them may start: a worker step whose worker is enabled as of the statement's stamp and
+    may have the task's data, the budget not reached. Staged in the plan's writes; returns their calls
+    by index, or none (then the schedule starts each as usual, and records why one may not)."""
+    first = [step for step in steps if not dependencies(step)]
+    if not first or not all(starts_with_the_last(step) for step in first):
+        return {}
+    enabled = workers_as_of(fenced.workers_stamp)
+    rules = policies.rules_as_of(fenced.rules_stamp)
+    for step in first:
+        worker = enabled.get(step.worker_slug)
+        if worker is None or worker.pk != step.worker_id:
+            return {}
+        if not policies.judge(worker, run.task.classification, rules).allowed:
+            return {}
+    if fenced.spent >= run.task.max_usd:
+        return {}
+    begun = {}
+    for step in first:
+        call = Call(step=step, worker=step.worker, number=1, made=0)  # type: ignore[arg-type]  # checked above
+        stopped = _start(run, call, [], fenced, writes)
+        assert stopped is None  # its checks passed above, on the same stamps
+        begun[step.index] = call
+    return begun
+
+
 def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
     step = call.step
     worker = workers_as_of(fenced.workers_stamp).get(step.worker_slug)  # as it is now: enabled, or None

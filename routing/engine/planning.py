@@ -26,7 +26,7 @@ from ..models import (
 )
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import ProviderCallError
-from .calls import backoff, last_response_before, visible_steps
+from .calls import backoff, begin_with_plan, last_response_before, visible_steps
 from .record import (
     Fence,
     RunStopped,
@@ -34,7 +34,7 @@ from .record import (
     claim_current,
     known_rules,
     known_workers,
-    next_id,
+    next_ids,
     record_event,
     write_once,
 )
@@ -267,7 +267,9 @@ def _record_decision(
     # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
     backend = "given" if run.plan_override and parent_step is None else version.backend
     by_slug = {w.slug: w for w in workers}
-    decision_id = next_id(Decision)  # drawn first: the plan's event names it, and its steps point to it
+    # Drawn first: the plan's event names the decision, its steps point to it, and the first steps'
+    # attempts and events (started in the same statement) name theirs.
+    (decision_id,), step_ids = next_ids(Decision, (Step, len(parsed.steps) if parsed is not None else 0))
     recorded: list[Decision] = []
 
     def stage(fenced: Fence, writes: Writes) -> None:
@@ -310,6 +312,7 @@ def _record_decision(
         )
         steps = [
             Step(
+                pk=step_ids[i],
                 run=run,
                 decision=decision,
                 index=i,
@@ -345,6 +348,8 @@ def _record_decision(
             },
         )
         decision.planned_steps = steps  # type: ignore[attr-defined]  # execute_plan's, as recorded
+        # The steps that see no other start with the plan: their calls, for execute_plan to send.
+        decision.begun = begin_with_plan(run, steps, fenced, writes) if plan is not None else {}  # type: ignore[attr-defined]
         recorded[:] = [decision]
 
     write_once(

@@ -247,13 +247,20 @@ def stored_usd(amount: Decimal) -> Decimal:
     return amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
 
 
-def next_id(model: type[Model]) -> int:
-    """A primary key drawn from the model's sequence, for a row whose id its own statement needs (an
-    audit event names it) before the row is inserted."""
-    table, column = model._meta.db_table, model._meta.pk.column  # type: ignore[union-attr]
+def next_ids(model: type[Model], *more: tuple[type[Model], int]) -> list[list[int]]:
+    """Primary keys drawn from their sequences, in one statement: one of `model`, and `n` of each
+    (model, n) in `more`. For rows whose ids their own statement needs before they are inserted (an
+    audit event names them; a plan's steps point to its decision, their attempts to them)."""
+    wanted = [(model, 1), *more]
+    drawn = ", ".join(
+        "ARRAY(SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s))" for _ in wanted
+    )
+    params: list[Any] = []
+    for each, n in wanted:
+        params += [each._meta.db_table, each._meta.pk.column, n]  # type: ignore[union-attr]
     with rows.prepared_cursor() as cursor:
-        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, %s))", [table, column])
-        return int(cursor.fetchone()[0])
+        cursor.execute(f"SELECT {drawn}", params)  # noqa: S608 - placeholders only
+        return [list(map(int, ids)) for ids in cursor.fetchone()]
 
 
 def _quoted(name: str | None) -> str:
@@ -356,7 +363,12 @@ class Writes:
     def update(self, obj: Model, only_if: dict[str, Any] | None = None, **values: Any) -> None:
         """Set these values on obj's row, and on obj now: what is staged after reads it (a follower's
         messages read the response of the step that succeeded). `only_if`: only if its columns still
-        hold these (else the row is left, and the rest written); obj is then left as it is."""
+        hold these (else the row is left, and the rest written); obj is then left as it is. A row
+        staged for insert here is inserted with them (its values are read when the statement is made)."""
+        if not only_if and any(obj is staged for staged in self.inserts):
+            for name, value in values.items():
+                setattr(obj, name, value)
+            return
         self.updates.setdefault((type(obj), obj.pk), {}).update(values)
         if only_if:
             self.only_if.setdefault((type(obj), obj.pk), {}).update(only_if)
@@ -441,7 +453,7 @@ class Writes:
                 f"WHERE {where}{condition})"
             )
         for i, obj in enumerate(self.inserts):
-            # Every column; the primary key too when it was drawn before (Writes.next_id).
+            # Every column; the primary key too when it was drawn before (next_ids).
             columns = [f for f in obj._meta.concrete_fields if obj.pk is not None or not f.primary_key]
             names = ", ".join(_quoted(f.column) for f in columns)
             ctes.append(

@@ -27,7 +27,6 @@ from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded
 from routing import engine
-from routing.engine.calls import begin_step
 from routing.engine.claim import claim_run
 from routing.engine.planning import ensure_plan
 from routing.engine.record import record_event
@@ -145,8 +144,10 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, 
     with engine.run_lock(run.pk):
         claimed = claim_run(run.pk)
         decision = ensure_plan(claimed, parent_step=None, depth=0)
-        # The step started with its first attempt, as begin_step leaves them before the call.
-        step = begin_step(claimed, decision.steps.select_related("worker").get(), []).step
+        # The step started with its first attempt, in the plan's own statement (it sees no other
+        # step), as the engine leaves them before the call.
+        step = decision.begun[0].step
+        assert Attempt.objects.get(step=step).status == Attempt.Status.STARTED
 
     engine.execute_run(run.pk)
 

@@ -41,9 +41,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # 17 before the engine's statements were prepared on the server (audit.rows.prepared_cursor: parsed
 # and planned once per connection, which was more than their round trips): the three rollup statements
 # are now sent each on its own (a prepared statement is one statement), and the run chain's seal rides
-# on its last event's append.
-STATEMENTS = 18
-TRANSACTIONS = 9
+# on its last event's append. 18 (9) before the plan's first steps (those that see no other) started
+# in the plan's own statement, their ids drawn with the decision's.
+STATEMENTS = 17
+TRANSACTIONS = 8
 
 
 def program(server) -> None:
@@ -74,15 +75,17 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     assert len(sql) <= STATEMENTS, f"{len(sql)} statements (pinned: {STATEMENTS})"
     assert transactions <= TRANSACTIONS, f"{transactions} transactions (pinned: {TRANSACTIONS})"
     # Every write but the run's end is one statement, its own transaction (the change with its events,
-    # on the run as this process last read it): the claim, the plan with its steps, the first step's
-    # start, then each step's success with the next step's start.
+    # on the run as this process last read it): the claim, the plan with its steps and the first
+    # step's start, then each step's success with the next step's start.
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
-    assert len(one_statement) == 6, one_statement
+    assert len(one_statement) == 5, one_statement
     assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
+    assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
+    assert one_statement[1].count('"action": "step.started"') == 1
     assert sql.count("BEGIN") == 1  # the run's end: its answer, score, totals, seal and rollups
-    first_step = sql.index(one_statement[2])
-    assert sql[first_step : first_step + 4] == one_statement[2:]
-    assert sql[first_step + 4] == "BEGIN"  # nothing read or written between the steps
+    plan = sql.index(one_statement[1])
+    assert sql[plan : plan + 4] == one_statement[1:]
+    assert sql[plan + 4] == "BEGIN"  # nothing read or written between the steps
     # The run chain is sealed by its last event's append: no statement of its own.
     assert not [s for s in sql if s.startswith("UPDATE audit_chainhead SET sealed")]
 
