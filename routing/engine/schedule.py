@@ -56,7 +56,7 @@ def execute_plan(run: Run, decision: Decision) -> Step:
     steps = {
         s.index: s for s in (planned if planned is not None else decision.steps.select_related("worker"))
     }
-    begun: dict[int, Call] = dict(getattr(decision, "begun", None) or {})  # started with the plan
+    with_plan: dict[int, Call] = dict(getattr(decision, "begun", None) or {})  # started with the plan
     done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
     busy: set[int] = set()
     pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
@@ -84,7 +84,7 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                         done.add(step.index)
                         nested = True
                         continue
-                    call = begun.pop(step.index, None) or begin_step(run, step, visible)
+                    call = with_plan.pop(step.index, None) or begin_step(run, step, visible)
                     busy.add(step.index)
                     pending[start(send, call, call_metadata(run))] = call
                 except RunStopped as stop:

@@ -122,6 +122,27 @@ def test_a_run_keeps_to_its_step_concurrency_on_the_process_threads(live_pool, s
     assert {t.name for t in threading.enumerate() if t.name.startswith("steps")} <= threads
 
 
+def test_a_step_that_fans_out_starts_its_followers_side_by_side(live_pool):
+    """Step 0 starts with the plan; its success makes two steps ready at once (each sees step 0), which
+    the schedule starts itself and calls side by side."""
+    server = live_pool["server"]
+    server.program(
+        "conductor",
+        [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check A", [0]), ("gamma", "Check B", [0])))],
+    )
+    server.program("alpha", [Reply("draft")])
+    server.program("beta", [Reply("checked by beta", delay_s=0.3)])
+    server.program("gamma", [Reply("checked by gamma", delay_s=0.3)])
+
+    run = run_now(submit())
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    b, c = server.requests_for("beta")[0], server.requests_for("gamma")[0]
+    assert b.started < c.finished and c.started < b.finished, "the two followers did not overlap"
+    assert "draft" in json.dumps(b.body["messages"]) and "draft" in json.dumps(c.body["messages"])
+    assert [s.attempts.count() for s in Step.objects.filter(run=run).order_by("index")] == [1, 1, 1]
+
+
 def test_conductor_request_carries_the_workflow_schema_and_logprobs_become_alternatives(live_pool):
     server = live_pool["server"]
     plan = plan_json(("beta", "Do it", []))
