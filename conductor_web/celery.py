@@ -55,6 +55,17 @@ def _embedded_servers(**_kwargs) -> None:
     start_unless_set()
 
 
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def _connections_kept_as_django_keeps_them(**_kwargs) -> None:
+    """Around each task, as around each request: a connection older than CONN_MAX_AGE, or one that
+    failed, is closed (the next query opens a new one, health-checked first); any other is kept, with
+    the statements it has prepared (settings.CELERY_DB_REUSE_MAX)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 @signals.worker_process_shutdown.connect
 def _send_what_is_queued(**_kwargs) -> None:
     """A pool process that is about to exit sends the live events and the run traces it has queued."""

@@ -206,6 +206,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # lost (Celery's default is 10 s). Its run is then sent to the `resume` queue at once.
 CELERY_WORKER_LOST_WAIT = env_float("CONDUCTOR_WORKER_LOST_WAIT_S", 2.0, minimum=0.1)
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection before and after each task unless this is
+# set; a run's connection then lost its prepared statements with it (and a new connection cost more
+# than a step). Kept instead as Django keeps a request's (CONN_MAX_AGE, health checks:
+# conductor_web.celery), and closed by Celery every this many tasks.
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_TIME_LIMIT = RUN_TIME_LIMIT_S
 CELERY_TASK_SOFT_TIME_LIMIT = RUN_TIME_LIMIT_S - 5
 CONDUCTOR_QUEUE_PREFIX = env_str("CONDUCTOR_QUEUE_PREFIX", "")
