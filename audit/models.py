@@ -45,7 +45,7 @@ class AuditEvent(models.Model):
     actor_type = models.CharField(max_length=10, choices=ActorType.choices)
     actor_id = models.CharField(max_length=100, blank=True)
     actor_name = models.CharField(max_length=150, help_text="Copied so the record outlives the account")
-    # Indexed by audit_action_id (action, newest first, a prefix too): no index of its own, two
+    # Indexed by audit_action_prefix (action, newest first, a prefix too): no index of its own, two
     # fewer on every event.
     action = models.CharField(max_length=60)
     object_type = models.CharField(max_length=60)
@@ -64,7 +64,7 @@ class AuditEvent(models.Model):
             # log's filter, "step." for every step event), under any collation.
             models.Index(
                 fields=["action", "-id"],
-                name="audit_action_id",
+                name="audit_action_prefix",
                 opclasses=["varchar_pattern_ops", "int8_ops"],
             ),
             # A run's seal, found by its chain name: one run's proof is read without scanning seals.

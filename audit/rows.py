@@ -138,8 +138,11 @@ def prepared_cursor() -> Any:
     parameters bound there (not quoted into the text): the engine's writes, whose text is the same for
     every write of a kind, are parsed and planned once per connection. Wrapped as Django wraps its own
     cursors (query logging, execute wrappers). Django leaves psycopg's preparing off (for connection
-    poolers that cannot keep prepared statements); these statements ask for it each time."""
-    connection.ensure_connection()
+    poolers that cannot keep prepared statements); these statements ask for it each time. Integers go
+    as bigint whatever their size (psycopg picks the smallest type, and a statement whose parameter
+    types differ is prepared again)."""
+    connection.close_if_health_check_failed()  # as Django's own cursors: a connection kept since the
+    connection.ensure_connection()  # last request or task is checked before its first statement
     raw = connection.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = _ONLY_WHEN_ASKED
@@ -151,12 +154,26 @@ _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg prepares a statement after this many run
 
 @functools.cache
 def _prepared_class() -> type:
+    import psycopg
     from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg.types.numeric import Int8Dumper
 
     class Prepared(ServerBindingCursor):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.adapters.register_dumper(int, Int8Dumper)
+
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs.setdefault("prepare", True)
-            result = super().execute(query, params, **kwargs)
+            try:
+                result = super().execute(query, params, **kwargs)
+            except psycopg.errors.FeatureNotSupported as exc:
+                if "cached plan" not in str(exc):
+                    raise
+                # A migration changed a table under a statement this connection prepared (psycopg
+                # forgets it): not the caller's fault. Raised as the database failing under it, so a
+                # run is left for its next delivery rather than failed.
+                raise psycopg.OperationalError(f"a prepared statement went stale: {exc}") from exc
             self._query = _Shown(self.connection, query, params)  # what Django logs (debug, tests)
             return result
 

@@ -57,12 +57,15 @@ def _embedded_servers(**_kwargs) -> None:
 
 @signals.task_prerun.connect
 @signals.task_postrun.connect
-def _connections_kept_as_django_keeps_them(**_kwargs) -> None:
+def _connections_kept_as_django_keeps_them(task: Any = None, **_kwargs: Any) -> None:
     """Around each task, as around each request: a connection older than CONN_MAX_AGE, or one that
     failed, is closed (the next query opens a new one, health-checked first); any other is kept, with
-    the statements it has prepared (settings.CELERY_DB_REUSE_MAX)."""
+    the statements it has prepared (settings.CELERY_DB_REUSE_MAX). Not around a task run eagerly, in
+    its caller's process (and perhaps its transaction), as Celery's own fixup does not."""
     from django.db import close_old_connections
 
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
     close_old_connections()
 
 

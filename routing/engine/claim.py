@@ -105,19 +105,23 @@ class _Keeper:
 
 class Heartbeats:
     """The process's heartbeat thread: beats each run this process holds every CONDUCTOR_HEARTBEAT_S
-    (its first beat that long after its claim). Started with the first run, and again in a forked
-    child (a thread does not survive a fork)."""
+    (its first beat that long after its claim). Started with the first run, and again if it ever
+    stopped, or in a forked child (a thread does not survive a fork)."""
 
     def __init__(self) -> None:
+        self._forked()
+
+    def _forked(self) -> None:
+        """Afresh (in a forked child, its parent's thread, runs and lock are not its own)."""
         self._keepers: set[_Keeper] = set()
         self._changed = threading.Condition()
-        self._pid = 0
+        self._thread: threading.Thread | None = None
 
     def add(self, keeper: _Keeper) -> None:
         with self._changed:
-            if self._pid != os.getpid():
-                self._keepers, self._pid = set(), os.getpid()
-                threading.Thread(target=self._beat, name="run-heartbeats", daemon=True).start()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._beat, name="run-heartbeats", daemon=True)
+                self._thread.start()
             keeper.due = time.monotonic() + settings.CONDUCTOR_HEARTBEAT_S
             self._keepers.add(keeper)
             self._changed.notify()
@@ -138,10 +142,14 @@ class Heartbeats:
                     self._changed.wait(max(0.0, wake - now))
                     continue
             for keeper in due:  # outside the mutex: a slow beat does not hold up claims and releases
-                keeper.beat()
+                try:
+                    keeper.beat()
+                except Exception:  # a bug in one beat must not stop the others' (nor later runs')
+                    log.exception("run %s: its heartbeat failed", keeper.run.pk)
 
 
 HEARTBEATS = Heartbeats()
+os.register_at_fork(after_in_child=HEARTBEATS._forked)
 
 
 class LockConnections:

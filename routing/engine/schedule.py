@@ -123,6 +123,7 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                 except RunStopped as stop:
                     first_error = first_error or stop
     finally:
+        pool.cancel_waiting()  # on the way out with an error: what never started is not started now
         wait(list(pending))  # no call of the run is left in flight when it returns, or raises
     if first_error is not None:
         raise first_error
@@ -155,7 +156,21 @@ class _Share:
         return future
 
     def _go(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        STEP_THREADS.pool().submit(fn, *args).add_done_callback(partial(self._done, future))
+        try:
+            inner = STEP_THREADS.pool().submit(fn, *args)
+        except BaseException as exc:  # noqa: BLE001 - no thread to run it (the interpreter is exiting)
+            done: Future[Any] = Future()
+            done.set_exception(exc)
+            self._done(future, done)
+            return
+        inner.add_done_callback(partial(self._done, future))
+
+    def cancel_waiting(self) -> None:
+        """Calls not yet handed to a thread are not made (the run is stopping)."""
+        with self.mutex:
+            waiting, self.waiting = list(self.waiting), deque()
+        for future, _, _ in waiting:
+            future.cancel()
 
     def _done(self, future: Future[Any], inner: Future[Any]) -> None:
         error = inner.exception()
@@ -178,19 +193,22 @@ class StepThreads:
     MAX = 64  # across the runs of a process; each run is held to CONDUCTOR_STEP_CONCURRENCY (_Share)
 
     def __init__(self) -> None:
+        self._forked()
+
+    def _forked(self) -> None:
+        """Afresh (in a forked child, the parent's threads are not its own)."""
         self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0
         self._mutex = threading.Lock()
 
     def pool(self) -> ThreadPoolExecutor:
         with self._mutex:
-            if self._pool is None or self._pid != os.getpid():
+            if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.MAX, thread_name_prefix="steps")
-                self._pid = os.getpid()
             return self._pool
 
 
 STEP_THREADS = StepThreads()
+os.register_at_fork(after_in_child=STEP_THREADS._forked)
 
 
 def _ready(steps: dict[int, Step], done: set[int], busy: set[int]) -> list[int]:

@@ -1,7 +1,7 @@
 """Foreign keys whose own index repeats the first column of another (each table's writes maintain one
 index fewer): step (run, decision, worker), attempt (step), decision (run), run (task). The indexes are
-dropped; the constraints stay as they are (an AlterField would drop and re-validate each over the
-whole table)."""
+dropped (CONCURRENTLY: writes go on meanwhile); the constraints stay as they are (an AlterField
+would drop and re-validate each over the whole table)."""
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -29,6 +29,8 @@ def _field(model: str, field: str, to: str) -> models.ForeignKey:
 
 
 class Migration(migrations.Migration):
+    atomic = False  # DROP and CREATE INDEX CONCURRENTLY cannot run in a transaction
+
     dependencies = [("routing", "0009_ops_rollup_four_hour_slots")]
 
     operations = [
@@ -39,8 +41,8 @@ class Migration(migrations.Migration):
             ],
             database_operations=[
                 migrations.RunSQL(
-                    f'DROP INDEX IF EXISTS "{index}"',
-                    reverse_sql=f'CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" ("{column}")',
+                    f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"',
+                    reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{index}" ON "{table}" ("{column}")',
                 )
                 for _, _, _, index, table, column in DROPPED
             ],

@@ -12,6 +12,7 @@ from celery import signals
 from celery.fixups.django import DjangoWorkerFixup
 from django.db import connection
 
+from audit.rows import prepared_cursor
 from conductor_web.celery import app
 from routing.tasks import run_workflow
 
@@ -29,8 +30,8 @@ def around_a_task(fixup: DjangoWorkerFixup) -> None:
 
 def test_a_workers_connection_and_its_prepared_statements_outlive_its_tasks():
     fixup = DjangoWorkerFixup(app)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
+    with prepared_cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid() + %s", [0])
         backend = cursor.fetchone()[0]
     raw = connection.connection
 
@@ -41,6 +42,19 @@ def test_a_workers_connection_and_its_prepared_statements_outlive_its_tasks():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] == backend
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        assert [row[0] for row in cursor.fetchall()] == ["SELECT pg_backend_pid() + $1"]
+
+
+def test_a_task_run_eagerly_leaves_its_callers_connection_alone():
+    connection.ensure_connection()
+    raw = connection.connection
+    connection.close_at = time.monotonic() - 1  # past its age: a worker's would be closed
+    eager = SimpleNamespace(request=SimpleNamespace(is_eager=True))
+
+    signals.task_postrun.send(sender=run_workflow, task_id="t", task=eager, args=(), kwargs={})
+
+    assert connection.connection is raw and not raw.closed
 
 
 def test_a_connection_older_than_its_max_age_is_closed_around_a_task():

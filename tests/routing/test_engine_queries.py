@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from routing import engine
-from routing.models import Attempt, RunStatus
+from routing.models import Attempt, Run, RunStatus
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import submit
 
@@ -90,11 +90,17 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     assert not [s for s in sql if s.startswith("UPDATE audit_chainhead SET sealed")]
 
     # The writes are prepared statements of this connection, planned once and reused (a generic plan):
-    # run again, the same statements are not prepared anew.
+    # run again, the same statements are not prepared anew, though its totals need a larger integer
+    # type (integers go as bigint: a parameter's type is part of what psycopg prepared).
     prepared = _prepared()
     assert prepared["WITH f AS"] >= 4 and prepared["INSERT INTO routing_usagerollup"] == 1, prepared
-    program(server)
+    server.program(
+        "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
+    )
+    for worker in ("alpha", "beta", "gamma"):
+        server.program(worker, [Reply(worker, prompt_tokens=40_000, completion_tokens=3)])
     engine.execute_run(submit("Three more steps").pk)
+    assert Run.objects.latest("pk").input_tokens > 2**16
     again = _prepared()
     assert again["count"] == prepared["count"], (prepared, again)
 
