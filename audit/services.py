@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,31 @@ def _clean(value: Any) -> Any:
 
 def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
     # Decimals and datetimes become strings exactly as written (no float rounding of money).
-    return _clean(json.loads(json.dumps(payload, cls=DjangoJSONEncoder)))
+    try:
+        return _native(payload)  # type: ignore[no-any-return]
+    except _NotNative:
+        return _clean(json.loads(json.dumps(payload, cls=DjangoJSONEncoder)))  # type: ignore[no-any-return]
+
+
+class _NotNative(Exception):
+    pass
+
+
+def _native(value: Any) -> Any:
+    """`value` as the round trip through JSON and `_clean` gives it back, when it holds only JSON's own
+    types (most payloads: no encoding and parsing again); raises _NotNative for anything else."""
+    kind = type(value)
+    if kind is str:
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if value is None or kind is int or kind is bool or (kind is float and math.isfinite(value)):
+        return value
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            raise _NotNative
+        return {k: _native(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_native(v) for v in value]
+    raise _NotNative
 
 
 def event_record(
