@@ -212,6 +212,7 @@ def test_grant_role_prints_the_token_once_with_its_expiry(make_user):
 # --- the migration ----------------------------------------------------------------------------
 
 
+@pytest.mark.django_db(transaction=True)  # later migrations build indexes CONCURRENTLY: no transaction
 def test_the_migration_turns_plaintext_keys_into_hashes(make_user):
     """Migrate audit back to plaintext keys, store one, migrate forward: the key still works, and is
     nowhere in the database."""
