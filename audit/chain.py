@@ -241,22 +241,3 @@ def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) ->
         occurred_at=occurred_at,
         **fields,
     )
-
-
-def seal(*, chain: str) -> ChainHead:
-    """Close a run chain; returns its final head, which the caller records in the global chain. One
-    statement (which locks the head until the caller's transaction ends) for a chain with events."""
-    _HEADS.pop(chain, None)
-    now = timezone.now()  # updated_at moves too: the next checkpoint signs the sealed head
-    with rows.prepared_cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {ChainHead._meta.db_table} SET sealed = true, updated_at = %s WHERE chain = %s "  # noqa: S608 - a name
-            "RETURNING seq, hash",
-            [now, chain],
-        )
-        row = cursor.fetchone()
-    if row is None:  # no event yet: the head is made, then sealed
-        head = _lock_head(chain)
-        ChainHead.objects.filter(chain=chain).update(sealed=True, updated_at=now)
-        row = (head.seq, head.hash)
-    return ChainHead(chain=chain, seq=row[0], hash=row[1], sealed=True, updated_at=now)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -37,23 +36,14 @@ class Actor:
 ENGINE = Actor.service("engine")
 
 
-def _clean(value: Any) -> Any:
-    # PostgreSQL's jsonb cannot hold NUL characters, which model output may contain.
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _jsonable(payload: dict[str, Any]) -> dict[str, Any]:
-    # Decimals and datetimes become strings exactly as written (no float rounding of money).
+    """The payload as stored: Decimals and datetimes become strings exactly as written (no float
+    rounding of money), NUL characters (which jsonb cannot hold, and model output may contain)
+    replaced. A payload of JSON's own types is only walked, not encoded and parsed again."""
     try:
         return _native(payload)  # type: ignore[no-any-return]
     except _NotNative:
-        return _clean(json.loads(json.dumps(payload, cls=DjangoJSONEncoder)))  # type: ignore[no-any-return]
+        return _native(json.loads(json.dumps(payload, cls=DjangoJSONEncoder)))  # type: ignore[no-any-return]
 
 
 class _NotNative(Exception):
@@ -61,12 +51,12 @@ class _NotNative(Exception):
 
 
 def _native(value: Any) -> Any:
-    """`value` as the round trip through JSON and `_clean` gives it back, when it holds only JSON's own
-    types (most payloads: no encoding and parsing again); raises _NotNative for anything else."""
+    """`value` with its NULs replaced, when it holds only JSON's own types (as json.loads gives them
+    back, tuples as lists); raises _NotNative for anything else."""
     kind = type(value)
     if kind is str:
         return value.replace("\x00", "\ufffd") if "\x00" in value else value
-    if value is None or kind is int or kind is bool or (kind is float and math.isfinite(value)):
+    if value is None or kind is int or kind is bool or kind is float:
         return value
     if kind is dict:
         if not all(type(k) is str for k in value):
@@ -132,12 +122,9 @@ def event_fields(
     }
 
 
-def run_chain_seal(
-    *, correlation_id: uuid.UUID, run: Any, task_id: uuid.UUID | None, last: AuditEvent | None = None
-) -> AuditEvent:
-    """Seal a finished run's chain into the global chain (in the transaction that finishes the run).
-    `last`: the run chain's last event, whose append sealed it (`event_record(seal=True)`)."""
-    head = chain.seal(chain=chain.run_chain(correlation_id)) if last is None else last
+def run_chain_seal(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> AuditEvent:
+    """Record a finished run's sealed chain in the global chain (in the transaction that finishes the
+    run): `last` is the run chain's last event, whose append sealed it (`event_record(seal=True)`)."""
     return chain.append(
         chain=GLOBAL_CHAIN,
         actor_type=ENGINE.type,
@@ -148,7 +135,7 @@ def run_chain_seal(
         object_id=str(run.pk),
         task_id=task_id,
         correlation_id=None,
-        payload={"chain": head.chain, "seq": head.seq, "hash": head.hash},
+        payload={"chain": last.chain, "seq": last.seq, "hash": last.hash},
     )
 
 

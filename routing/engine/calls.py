@@ -182,49 +182,49 @@ def begin_next(
 
 def begin_with_plan(run: Run, steps: list[Step], fenced: Fence, writes: Writes) -> dict[int, Call]:
     """The plan's first steps (those that see no other), started in the plan's own statement when
-    every one of them may start: a worker step whose worker is enabled as of the statement's stamp and
-    may have the task's data, the budget not reached. Staged in the plan's writes; returns their calls
-    by index, or none (then the schedule starts each as usual, and records why one may not)."""
+    every one of them may start (`_refused` says nothing against it, on the statement's stamps and
+    totals). Staged in the plan's writes; returns their calls by index, or none (then the schedule
+    starts each as usual, and records why one may not)."""
     first = [step for step in steps if not dependencies(step)]
-    if not first or not all(starts_with_the_last(step) for step in first):
-        return {}
-    enabled = workers_as_of(fenced.workers_stamp)
-    rules = policies.rules_as_of(fenced.rules_stamp)
-    for step in first:
-        worker = enabled.get(step.worker_slug)
-        if worker is None or worker.pk != step.worker_id:
-            return {}
-        if not policies.judge(worker, run.task.classification, rules).allowed:
-            return {}
-    if fenced.spent >= run.task.max_usd:
+    if not first or not all(starts_with_the_last(s) and _refused(run, s, fenced) is None for s in first):
         return {}
     begun = {}
     for step in first:
         call = Call(step=step, worker=step.worker, number=1, made=0)  # type: ignore[arg-type]  # checked above
         stopped = _start(run, call, [], fenced, writes)
-        assert stopped is None  # its checks passed above, on the same stamps
+        assert stopped is None  # refused above, on the same stamps, if it were
         begun[step.index] = call
     return begun
 
 
-def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
-    step = call.step
+def _refused(run: Run, step: Step, fenced: Fence) -> tuple[RunStopped, str] | None:
+    """Why a step may not start as of a write's stamps and totals (the run's stop, and the step's
+    note), or None: its worker is no longer registered and enabled (or is another row of that name),
+    the policy rules no longer let it have the task's data, or the cost budget is reached."""
     worker = workers_as_of(fenced.workers_stamp).get(step.worker_slug)  # as it is now: enabled, or None
     if worker is None or worker.pk != step.worker_id:
         message = (
             f"step {step.index} names worker {step.worker_slug!r}, which is not registered or not enabled"
         )
-        mark_failed(run, step, message, writes)
-        return RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER)
-    step.worker = call.worker = worker
-    step.messages_sent = build_messages(step, visible)
+        return RunStopped(message, stop_reason=StopReason.UNKNOWN_WORKER), ""
     verdict = policies.judge(worker, run.task.classification, policies.rules_as_of(fenced.rules_stamp))
     if not verdict.allowed:
         message = f"step {step.index} blocked by policy '{verdict.rule}' before the call: {verdict.reason}"
-        mark_failed(run, step, message, writes, note=f"policy {verdict.rule}")
-        return RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED)
+        return RunStopped(message, stop_reason=StopReason.POLICY_BLOCKED), f"policy {verdict.rule}"
     if fenced.spent >= run.task.max_usd:
-        return _budget_reached(run, step, fenced.spent, writes)
+        return _budget_stop(run, step, fenced.spent), BUDGET_NOTE
+    return None
+
+
+def _start(run: Run, call: Call, visible: list[Step], fenced: Fence, writes: Writes) -> RunStopped | None:
+    step = call.step
+    refused = _refused(run, step, fenced)
+    if refused is not None:
+        stop, note = refused
+        mark_failed(run, step, str(stop), writes, note=note)
+        return stop
+    step.worker = call.worker = workers_as_of(fenced.workers_stamp)[step.worker_slug]
+    step.messages_sent = build_messages(step, visible)
     writes.update(
         step,
         status=StepStatus.RUNNING,
@@ -265,10 +265,18 @@ def begin_retry(run: Run, call: Call) -> None:
         raise stopped
 
 
-def _budget_reached(run: Run, step: Step, spent: Decimal, writes: Writes) -> RunStopped:
+BUDGET_NOTE = "cost budget"
+
+
+def _budget_stop(run: Run, step: Step, spent: Decimal) -> RunStopped:
     message = f"cost budget of ${run.task.max_usd} reached (spent ${spent}) before step {step.index} ({step.worker_slug})"
-    mark_failed(run, step, message, writes, note="cost budget")
     return RunStopped(message, stop_reason=StopReason.COST_BUDGET)
+
+
+def _budget_reached(run: Run, step: Step, spent: Decimal, writes: Writes) -> RunStopped:
+    stop = _budget_stop(run, step, spent)
+    mark_failed(run, step, str(stop), writes, note=BUDGET_NOTE)
+    return stop
 
 
 def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence, Writes], None] | None = None) -> bool:

@@ -314,12 +314,15 @@ def _first_delivery(run_id: int) -> Run | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    split = (len(Run._meta.concrete_fields), len(Task._meta.concrete_fields))
-    run = rows.instance(Run, row[: split[0]])
-    run.task = rows.instance(Task, row[split[0] : split[0] + split[1]])
-    cut = split[0] + split[1] + len(ConductorVersion._meta.concrete_fields)
-    run.conductor_version = rows.instance(ConductorVersion, row[split[0] + split[1] : cut])
-    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash = row[cut:]  # type: ignore[attr-defined]
+    read: list[Any] = []
+    at = 0
+    for model in (Run, Task, ConductorVersion):  # the columns in _first_delivery_sql's order
+        width = len(model._meta.concrete_fields)
+        read.append(rows.instance(model, row[at : at + width]))
+        at += width
+    run: Run = read[0]
+    run.task, run.conductor_version = read[1:]
+    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash = row[at:]  # type: ignore[attr-defined]
     return run
 
 

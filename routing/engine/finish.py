@@ -93,7 +93,7 @@ def finish_run(run: Run, *, last: Step) -> None:
             },
             seal=True,
         )
-        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=task.pk, last=last_event)
+        run_chain_seal(run=run, task_id=task.pk, last=last_event)
         run_finished.send(sender=Run, run=run, now=now)
 
 
@@ -115,7 +115,7 @@ def fail_run(run: Run, message: str, stop_reason: str) -> None:
             {"error": message, "stop_reason": stop_reason},
             seal=True,
         )
-        run_chain_seal(correlation_id=run.correlation_id, run=run, task_id=run.task_id, last=last_event)
+        run_chain_seal(run=run, task_id=run.task_id, last=last_event)
         run_finished.send(sender=Run, run=run, now=now)
 
 

@@ -365,16 +365,14 @@ class Writes:
         messages read the response of the step that succeeded). `only_if`: only if its columns still
         hold these (else the row is left, and the rest written); obj is then left as it is. A row
         staged for insert here is inserted with them (its values are read when the statement is made)."""
-        if not only_if and any(obj is staged for staged in self.inserts):
-            for name, value in values.items():
-                setattr(obj, name, value)
-            return
-        self.updates.setdefault((type(obj), obj.pk), {}).update(values)
         if only_if:
             self.only_if.setdefault((type(obj), obj.pk), {}).update(only_if)
         else:
             for name, value in values.items():
                 setattr(obj, name, value)
+            if any(obj is staged for staged in self.inserts):
+                return
+        self.updates.setdefault((type(obj), obj.pk), {}).update(values)
 
     def insert(self, obj: M) -> M:
         """Staged: `obj` gets its primary key when the statement is made."""
