@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
@@ -167,22 +168,31 @@ def append_sql(planned: Planned, *, guard: str = "", seal: bool = False) -> tupl
     it, and with `seal` seals the chain there (its last event); `e0`, `e1`, ... insert the events,
     only if `h` moved it, each RETURNING its id."""
     last = planned.events[-1]
-    fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    sealing = ", sealed = true" if seal else ""
-    ctes = [
-        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s{sealing} "  # noqa: S608 - names, not data
-        f"WHERE chain = %s AND seq = %s AND hash = %s AND NOT sealed{guard} RETURNING 1)"
-    ]
     params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
-    for i, event in enumerate(planned.events):
-        # Each event one parameter (audit.rows): the statement's text is the same for every append.
-        ctes.append(
+    # Each event one parameter (audit.rows): the statement's text is the same for every append.
+    params += [
+        rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS) for event in planned.events
+    ]
+    return list(append_text(len(planned.events), guard=guard, seal=seal)), params
+
+
+_EVENT_FIELDS = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+
+
+@functools.lru_cache(maxsize=64)
+def append_text(events: int, *, guard: str = "", seal: bool = False) -> tuple[str, ...]:
+    """`append_sql`'s expressions for this many events (their text depends on nothing else)."""
+    columns = ", ".join(rows.quoted(f.column) for f in _EVENT_FIELDS)
+    sealing = ", sealed = true" if seal else ""
+    return (
+        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s{sealing} "  # noqa: S608 - names, not data
+        f"WHERE chain = %s AND seq = %s AND hash = %s AND NOT sealed{guard} RETURNING 1)",
+        *(
             f"e{i} AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
             f"SELECT {columns} FROM {rows.populated(AuditEvent)} WHERE EXISTS (SELECT 1 FROM h) RETURNING id)"
-        )
-        params.append(rows.document((f, getattr(event, f.attname)) for f in fields))
-    return ctes, params
+            for i in range(events)
+        ),
+    )
 
 
 def appended(planned: Planned, ids: list[int], *, sealed: bool = False) -> None:

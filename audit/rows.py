@@ -18,15 +18,23 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.models import Field, JSONField, Model
 
 M = TypeVar("M", bound=Model)
 
 
+@functools.cache
+def quoted(name: str) -> str:
+    """A table's or column's name as the database's SQL names it (the backend's quote_name, kept: the
+    engine builds its statements' text from names on every write)."""
+    return str(connection.ops.quote_name(name))
+
+
+@functools.cache
 def populated(model: type[Model]) -> str:
     """The SQL of one row of `model`'s table, populated from the JSON document parameter."""
-    return f"jsonb_populate_record(NULL::{connection.ops.quote_name(model._meta.db_table)}, %s::jsonb)"
+    return f"jsonb_populate_record(NULL::{quoted(model._meta.db_table)}, %s::jsonb)"
 
 
 def document(values: Iterable[tuple[Field[Any, Any], Any]]) -> str:
@@ -52,8 +60,7 @@ def _plain(field: Field[Any, Any], value: Any) -> Any:
 def columns(model: type[Model], alias: str) -> str:
     """The SELECT list of every concrete column of `model` on table alias `alias`, in field order
     (what `instance` takes back)."""
-    quote = connection.ops.quote_name
-    return ", ".join(f"{alias}.{quote(f.column)}" for f in model._meta.concrete_fields)
+    return ", ".join(f"{alias}.{quoted(f.column)}" for f in model._meta.concrete_fields)
 
 
 def instance(model: type[M], values: Sequence[Any]) -> M:
@@ -105,7 +112,7 @@ def read_stamped(model: type[M], stamp_sql: str, *, where: str, order_by: str) -
     """The rows of `model` that `where` selects (on alias `t`), with the stamp (a fingerprint of every
     row of its table: `stamp_sql`) read in the same statement, so that the stamp describes exactly the
     rows returned; a cache kept under it is never one of other rows."""
-    table = connection.ops.quote_name(model._meta.db_table)
+    table = quoted(model._meta.db_table)
     rows = list(
         model._default_manager.raw(
             f"SELECT t.*, s.stamp AS table_stamp FROM (SELECT {stamp_sql} AS stamp) s "  # noqa: S608 - names and constants
@@ -141,12 +148,13 @@ def prepared_cursor() -> Any:
     poolers that cannot keep prepared statements); these statements ask for it each time. Integers go
     as bigint whatever their size (psycopg picks the smallest type, and a statement whose parameter
     types differ is prepared again)."""
-    connection.close_if_health_check_failed()  # as Django's own cursors: a connection kept since the
-    connection.ensure_connection()  # last request or task is checked before its first statement
-    raw = connection.connection
+    wrapper = connections[DEFAULT_DB_ALIAS]  # this thread's (the proxy `connection` looks it up each time)
+    wrapper.close_if_health_check_failed()  # as Django's own cursors: a connection kept since the
+    wrapper.ensure_connection()  # last request or task is checked before its first statement
+    raw = wrapper.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = _ONLY_WHEN_ASKED
-    return connection._prepare_cursor(_prepared_class()(raw))
+    return wrapper._prepare_cursor(_prepared_class()(raw))
 
 
 _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg prepares a statement after this many runs, or when asked
@@ -156,12 +164,18 @@ _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg prepares a statement after this many run
 def _prepared_class() -> type:
     import psycopg
     from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg.adapt import AdaptersMap
     from psycopg.types.numeric import Int8Dumper
 
     class Prepared(ServerBindingCursor):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.adapters.register_dumper(int, Int8Dumper)
+        def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(connection, *args, **kwargs)
+            # The connection's adapters with integers as bigint: made once per connection, not per cursor.
+            adapters = getattr(connection, "_bigint_adapters", None)
+            if adapters is None:
+                adapters = connection._bigint_adapters = AdaptersMap(connection.adapters)
+                adapters.register_dumper(int, Int8Dumper)
+            self._adapters = adapters
 
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs.setdefault("prepare", True)

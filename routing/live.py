@@ -102,11 +102,41 @@ async def _send_all(batch: list[tuple[str, dict[str, Any]]]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
+    try:
+        watched = await _watched(layer, {group for group, _ in batch})
+    except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+        log.warning("could not read the live groups' members", exc_info=True)
+        watched = None
     for group, message in batch:
+        if watched is not None and group not in watched:
+            continue  # nobody watches the task: nothing to send
         try:
             await layer.group_send(group, message)
-        except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+        except Exception:  # noqa: BLE001 - as above
             log.warning("could not publish a live event to %s", group, exc_info=True)
+
+
+async def _watched(layer: Any, groups: set[str]) -> set[str] | None:
+    """Of these groups, those with a member, asked of Redis in one round trip per Redis host (None:
+    not a Redis layer, send to all). Most tasks run with nobody watching: channels-redis's group_send
+    makes two round trips to learn that, for each event. A group found empty here has no member that
+    group_send would have sent to (a watcher who joins just after sees the gap in the run's sequence,
+    or reads the task as it connects)."""
+    from channels_redis.core import RedisChannelLayer
+
+    if type(layer) is not RedisChannelLayer:
+        return None
+    by_host: dict[int, list[str]] = {}
+    for group in groups:
+        by_host.setdefault(layer.consistent_hash(group), []).append(group)
+    watched = set()
+    for host, hosted in by_host.items():
+        pipe = layer.connection(host).pipeline(transaction=False)
+        for group in hosted:
+            pipe.zcard(layer._group_key(group))
+        counts = await pipe.execute()
+        watched.update(group for group, count in zip(hosted, counts, strict=True) if count)
+    return watched
 
 
 _state: dict[int, _Publisher] = {}

@@ -4,12 +4,12 @@ the claim), the cost roll-up, and the errors that stop a run or a process.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_HALF_UP, Decimal
-from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -139,36 +139,45 @@ def record_event(
     return event
 
 
-def announce(run: Run, event: AuditEvent) -> None:
-    """After the event's transaction commits: a small live event for the task's watchers, numbered by
-    the event's place in the run's chain (gap-free, so a page can tell when it missed one), and one
-    JSON-ready log line with the run's ids and trace id (log_context), what log platforms join on."""
-    live.publish_on_commit(
-        task_id=run.task_id,
-        event={
-            "run": run.pk,
-            "seq": event.seq,
-            "action": event.action,
-            "object": event.object_type,
-            "id": event.object_id,
-        },
-    )
-    fields = {
-        "event": event.action,
-        "object": event.object_type,
-        "object_id": event.object_id,
-        "seq": event.seq,
-    }
-    transaction.on_commit(
-        partial(
-            events_log.info,
-            "%s %s %s",
-            event.action,
-            event.object_type,
-            event.object_id,
-            extra={**fields, **log_context.ids_of(run)},
-        )
-    )
+def announce(run: Run, *events: AuditEvent) -> None:
+    """After the events' transaction commits: a small live event each for the task's watchers, numbered
+    by the event's place in the run's chain (gap-free, so a page can tell when it missed one), and one
+    JSON-ready log line each with the run's ids and trace id (log_context), what log platforms join
+    on. One callback for all the events of a statement."""
+    shown = [
+        {"run": run.pk, "seq": e.seq, "action": e.action, "object": e.object_type, "id": e.object_id}
+        for e in events
+    ]
+    logged = events_log.isEnabledFor(logging.INFO)
+    ids = _log_ids(run) if logged else {}
+
+    def after_commit() -> None:
+        for event in shown:
+            live.publish(task_id=run.task_id, event=event)
+            if logged:
+                events_log.info(
+                    "%s %s %s",
+                    event["action"],
+                    event["object"],
+                    event["id"],
+                    extra={
+                        "event": event["action"],
+                        "object": event["object"],
+                        "object_id": event["id"],
+                        "seq": event["seq"],
+                        **ids,
+                    },
+                )
+
+    transaction.on_commit(after_commit)
+
+
+def _log_ids(run: Run) -> dict[str, str]:
+    """The run's ids for its log lines (log_context), worked out once per run object."""
+    ids: dict[str, str] | None = getattr(run, "_log_ids", None)
+    if ids is None:
+        ids = run._log_ids = log_context.ids_of(run)  # type: ignore[attr-defined]
+    return ids
 
 
 def fence(
@@ -195,7 +204,8 @@ def fence(
     returning = f"claim_epoch, cost_usd, input_tokens, output_tokens, {stamps}"
     with rows.prepared_cursor() as cursor:
         if cost or input_tokens or output_tokens or sets:
-            columns = "".join(f", {_quoted(Run._meta.get_field(name).column)} = %s" for name in sets or {})  # type: ignore[union-attr]
+            column = Run._meta.get_field
+            columns = "".join(f", {rows.quoted(column(name).column)} = %s" for name in sets or {})  # type: ignore[union-attr]
             cursor.execute(
                 "UPDATE routing_run SET cost_usd = cost_usd + %s, input_tokens = input_tokens + %s, "  # noqa: S608 - no data in it
                 f"output_tokens = output_tokens + %s{columns} WHERE id = %s RETURNING {returning}",
@@ -263,11 +273,6 @@ def next_ids(model: type[Model], *more: tuple[type[Model], int]) -> list[list[in
         return [list(map(int, ids)) for ids in cursor.fetchone()]
 
 
-def _quoted(name: str | None) -> str:
-    assert name is not None
-    return str(connection.ops.quote_name(name))
-
-
 T = TypeVar("T")
 M = TypeVar("M", bound=Model)
 
@@ -326,25 +331,27 @@ class Guard:
     epoch: int | None = None
     status: str | None = None
 
-    def sql(self, run: Run) -> tuple[str, list[Any]]:
-        status, params = "", []
-        if self.status is not None:
-            status, params = " AND status = %s", [self.status]
-        return (
-            "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
-            f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s "
-            f"AND {WORKERS_STAMP_SQL} = %s{status} FOR UPDATE)",
-            [
-                run.pk,
-                run.claim_epoch if self.epoch is None else self.epoch,
-                self.known.spent,
-                self.known.input_tokens,
-                self.known.output_tokens,
-                self.known.rules_stamp,
-                self.known.workers_stamp,
-                *params,
-            ],
-        )
+    def params(self, run: Run) -> list[Any]:
+        """The values of `_guard_sql`'s placeholders."""
+        return [
+            run.pk,
+            run.claim_epoch if self.epoch is None else self.epoch,
+            self.known.spent,
+            self.known.input_tokens,
+            self.known.output_tokens,
+            self.known.rules_stamp,
+            self.known.workers_stamp,
+            *([] if self.status is None else [self.status]),
+        ]
+
+
+def _guard_sql(status: bool) -> str:
+    """A Guard's expression `f` (`status`: with the run's status checked too)."""
+    return (
+        "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
+        f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s "
+        f"AND {WORKERS_STAMP_SQL} = %s{' AND status = %s' if status else ''} FOR UPDATE)"
+    )
 
 
 @dataclass
@@ -415,60 +422,32 @@ class Writes:
         return True
 
     def _made(self, planned: audit_chain.Planned | None, guard: Guard | None) -> bool:
-        ctes: list[str] = []
-        params: list[Any] = []
-        gate = ""
-        if guard is not None:
-            sql, values = guard.sql(self.run)
-            ctes.append(sql)
-            params += values
-            gate = "f"
+        params: list[Any] = guard.params(self.run) if guard is not None else []
         if planned is not None:
-            sql_list, values = audit_chain.append_sql(
-                planned,
-                guard=f" AND EXISTS (SELECT 1 FROM {gate})" if gate else "",  # noqa: S608 - names, not data
-            )
-            ctes += sql_list
-            params += values
-            gate = "h"
-        condition = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
+            params += audit_chain.append_sql(planned)[1]
         # Each row's values are one parameter (audit.rows): the statement's text is the same for every
-        # write of its shape, and psycopg parses it once.
-        for i, ((model, pk), values_by_name) in enumerate(self.updates.items()):
-            table = _quoted(model._meta.db_table)
+        # write of its shape (made once: _statement), and psycopg parses it once.
+        updates = []
+        for (model, pk), values_by_name in self.updates.items():
             fields = [model._meta.get_field(name) for name in values_by_name]
-            assert all(isinstance(f, Field) for f in fields)
-            sets = ", ".join(f"{_quoted(f.column)} = r.{_quoted(f.column)}" for f in fields)  # type: ignore[union-attr]
-            where = f"{table}.{_quoted(model._meta.pk.column)} = %s"  # type: ignore[union-attr]
             params += [rows.document(zip(fields, values_by_name.values(), strict=True)), pk]  # type: ignore[arg-type]
-            for name, value in self.only_if.get((model, pk), {}).items():
-                model_field = model._meta.get_field(name)
-                assert isinstance(model_field, Field)
-                where += f" AND {table}.{_quoted(model_field.column)} = %s"
-                params.append(model_field.get_db_prep_save(value, connection))
-            ctes.append(
-                f"u{i} AS (UPDATE {table} SET {sets} FROM {rows.populated(model)} AS r "  # noqa: S608 - names, not data
-                f"WHERE {where}{condition})"
+            only_if = self.only_if.get((model, pk), {})
+            for name, value in only_if.items():
+                params.append(model._meta.get_field(name).get_db_prep_save(value, connection))  # type: ignore[union-attr]
+            updates.append((model, tuple(values_by_name), tuple(only_if)))
+        for obj in self.inserts:
+            params.append(
+                rows.document((f, f.pre_save(obj, True)) for f in _inserted(type(obj), obj.pk is not None))
             )
-        for i, obj in enumerate(self.inserts):
-            # Every column; the primary key too when it was drawn before (next_ids).
-            columns = [f for f in obj._meta.concrete_fields if obj.pk is not None or not f.primary_key]
-            names = ", ".join(_quoted(f.column) for f in columns)
-            ctes.append(
-                f"i{i} AS (INSERT INTO {_quoted(obj._meta.db_table)} ({names}) "  # noqa: S608 - names, not data
-                f"SELECT {names} FROM {rows.populated(type(obj))} WHERE true{condition} "
-                f"RETURNING {_quoted(obj._meta.pk.column)})"  # type: ignore[union-attr]
-            )
-            params.append(rows.document((f, f.pre_save(obj, True)) for f in columns))
         events = planned.events if planned is not None else []
-        # Names of its own expressions, not data:
-        answers = [f"(SELECT count(*) FROM {gate})" if gate else "1"]  # noqa: S608
-        answers += [f"(SELECT id FROM e{i})" for i in range(len(events))]  # noqa: S608
-        answers += [f"(SELECT * FROM i{i})" for i in range(len(self.inserts))]  # noqa: S608
-        if guard is not None and planned is not None:
-            answers.append("(SELECT count(*) FROM f)")  # the run as assumed: then the head had moved
+        sql = _statement(
+            None if guard is None else guard.status is not None,
+            len(events),
+            tuple(updates),
+            tuple((type(obj), obj.pk is not None) for obj in self.inserts),
+        )
         with rows.prepared_cursor() as cursor:
-            cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(answers)}", params)  # noqa: S608
+            cursor.execute(sql, params)
             row = cursor.fetchone()
         if not row[0]:
             if guard is not None and planned is not None and row[-1]:
@@ -481,9 +460,63 @@ class Writes:
         ):
             obj.pk = pk
             obj._state.adding = False
-        for event in events:
-            announce(run=self.run, event=event)
+        if events:
+            announce(self.run, *events)
         return True
+
+
+@functools.cache
+def _inserted(model: type[Model], with_pk: bool) -> tuple[Field[Any, Any], ...]:
+    """The columns a staged insert writes: every column; the primary key too when it was drawn before
+    (next_ids)."""
+    return tuple(f for f in model._meta.concrete_fields if with_pk or not f.primary_key)
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(
+    guard: bool | None,
+    events: int,
+    updates: tuple[tuple[type[Model], tuple[str, ...], tuple[str, ...]], ...],
+    inserts: tuple[tuple[type[Model], bool], ...],
+) -> str:
+    """The text of `Writes._made`'s statement for a write of this shape: with a guard (None: none;
+    True: with the run's status), this many events, these updates (model, columns set, columns
+    checked) and inserts (model, primary key drawn). Names only, never data: it depends on nothing
+    else, and is made once per shape."""
+    ctes: list[str] = []
+    gate = ""
+    if guard is not None:
+        ctes.append(_guard_sql(guard))
+        gate = "f"
+    if events:
+        guarded = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
+        ctes += audit_chain.append_text(events, guard=guarded)
+        gate = "h"
+    condition = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
+    for i, (model, names, checked) in enumerate(updates):
+        table = rows.quoted(model._meta.db_table)
+        columns = [rows.quoted(model._meta.get_field(name).column) for name in names]  # type: ignore[union-attr]
+        sets = ", ".join(f"{column} = r.{column}" for column in columns)
+        where = f"{table}.{rows.quoted(model._meta.pk.column)} = %s"  # type: ignore[union-attr]
+        for name in checked:
+            where += f" AND {table}.{rows.quoted(model._meta.get_field(name).column)} = %s"  # type: ignore[union-attr]
+        ctes.append(
+            f"u{i} AS (UPDATE {table} SET {sets} FROM {rows.populated(model)} AS r "  # noqa: S608 - names, not data
+            f"WHERE {where}{condition})"
+        )
+    for i, (model, with_pk) in enumerate(inserts):
+        listed = ", ".join(rows.quoted(f.column) for f in _inserted(model, with_pk))
+        ctes.append(
+            f"i{i} AS (INSERT INTO {rows.quoted(model._meta.db_table)} ({listed}) "  # noqa: S608 - names, not data
+            f"SELECT {listed} FROM {rows.populated(model)} WHERE true{condition} "
+            f"RETURNING {rows.quoted(model._meta.pk.column)})"  # type: ignore[union-attr]
+        )
+    answers = [f"(SELECT count(*) FROM {gate})" if gate else "1"]  # noqa: S608
+    answers += [f"(SELECT id FROM e{i})" for i in range(events)]  # noqa: S608
+    answers += [f"(SELECT * FROM i{i})" for i in range(len(inserts))]  # noqa: S608
+    if guard is not None and events:
+        answers.append("(SELECT count(*) FROM f)")  # the run as assumed: then the head had moved
+    return f"WITH {', '.join(ctes)} SELECT {', '.join(answers)}"  # noqa: S608 - names, not data
 
 
 def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) -> None:
@@ -504,7 +537,7 @@ def task_ended(task_id: Any, ended: dict[str, Any]) -> None:
     run still going counts once it ends, and totals never drift from the runs they sum)."""
     fields = [Task._meta.get_field(name) for name in ended]
     assert all(isinstance(f, Field) for f in fields)
-    sets = "".join(f"{_quoted(f.column)} = r.{_quoted(f.column)}, " for f in fields)  # type: ignore[union-attr]
+    sets = "".join(f"{rows.quoted(f.column)} = r.{rows.quoted(f.column)}, " for f in fields)  # type: ignore[union-attr]
     with rows.prepared_cursor() as cursor:
         cursor.execute(
             f"UPDATE routing_task t SET {sets}(cost_usd, input_tokens, output_tokens) = "  # noqa: S608 - names, not data

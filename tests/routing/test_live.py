@@ -267,3 +267,38 @@ def test_publish_on_commit_sends_nothing_before_commit_nor_when_the_transaction_
     assert committed["seq"] == 2 and committed["action"] == "test.event"
     assert isinstance(committed["sent_at"], float)
     assert after
+
+
+# --- nobody watching --------------------------------------------------------------------------------
+
+
+def _group_reads() -> int:
+    """How many times Redis ran ZRANGE: what channels-redis's group_send runs to list a group."""
+    import redis
+
+    stats = redis.Redis.from_url(settings.REDIS_URL).info("commandstats")
+    return int(stats.get("cmdstat_zrange", {}).get("calls", 0))
+
+
+def test_events_of_a_task_nobody_watches_are_not_sent_and_a_watched_tasks_are():
+    from channels.layers import get_channel_layer
+
+    unwatched, watched = uuid.uuid4(), uuid.uuid4()
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(live.task_group(watched), channel)
+    try:
+        before = _group_reads()
+        for seq in range(1, 6):
+            live.publish(task_id=unwatched, event={"run": 1, "seq": seq, "action": "test.unwatched"})
+        assert live.flush()
+        assert _group_reads() == before  # one membership count for the batch, no group_send
+
+        live.publish(task_id=unwatched, event={"run": 1, "seq": 6, "action": "test.unwatched"})
+        live.publish(task_id=watched, event={"run": 2, "seq": 1, "action": "test.watched"})
+        assert live.flush()
+        assert _group_reads() == before + 1  # the watched task's event alone went through group_send
+        received = async_to_sync(layer.receive)(channel)
+        assert received["event"]["action"] == "test.watched" and received["event"]["seq"] == 1
+    finally:
+        async_to_sync(layer.group_discard)(live.task_group(watched), channel)
