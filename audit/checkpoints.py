@@ -39,14 +39,17 @@ def body_digest(body: dict[str, Any]) -> str:
 
 
 def _moved_heads(since: Any) -> list[tuple[str, int, str]]:
-    """Run chains whose head no checkpoint has signed yet (sealed ones included)."""
+    """Run chains whose head no checkpoint has signed yet (sealed ones included). With `since` (the
+    previous checkpoint's time), only chains with an event appended since (less the commit margin):
+    a head moves only by an append, and the events' time is indexed (the heads' is not: see
+    ChainHead.updated_at)."""
     query = (
         "SELECT h.chain, h.seq, h.hash FROM audit_chainhead h WHERE h.chain <> %s AND h.seq > 0 "
         "AND NOT EXISTS (SELECT 1 FROM audit_checkpointhead c WHERE c.chain = h.chain AND c.seq = h.seq)"
     )
     params: list[Any] = [GLOBAL_CHAIN]
     if since is not None:
-        query += " AND h.updated_at >= %s"
+        query += " AND h.chain IN (SELECT e.chain FROM audit_auditevent e WHERE e.occurred_at >= %s)"
         params.append(since - COMMIT_MARGIN)
     with connection.cursor() as cursor:
         cursor.execute(query + " ORDER BY h.chain", params)

@@ -13,7 +13,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.core.management import call_command
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import Client
 
 from audit import chain as audit_chain
@@ -561,3 +561,46 @@ def test_the_verify_page_writes_the_latest_checkpoints_time_as_the_pages_do(db, 
     written = checkpoint.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     assert f"Latest checkpoint {checkpoint.number} at {written}, key {checkpoint.key_id}." in page
     assert checkpoint.created_at.isoformat() not in page
+
+
+@transactional
+def test_a_later_checkpoint_signs_the_heads_that_moved_since_the_one_before_and_only_those(
+    finished_run, audit_files
+):
+    still = submit("Queued before the first checkpoint")  # its head does not move after it
+    moving = submit("Moves after the first checkpoint")
+    first = checkpoint_create()
+    assert f"run:{still.correlation_id}" in first.body["heads"]
+
+    with transaction.atomic():
+        event_record(
+            actor=Actor.service("test"),
+            action="task.submitted",
+            obj=moving,
+            task_id=moving.task_id,
+            correlation_id=moving.correlation_id,
+        )
+    second = checkpoint_create()
+
+    moved = f"run:{moving.correlation_id}"
+    head = ChainHead.objects.get(chain=moved)
+    assert set(second.body["heads"]) == {GLOBAL_CHAIN, moved}  # not the queued run, not the sealed one
+    assert second.body["heads"][moved] == [head.seq, head.hash] and head.seq == 2
+    assert verify().intact
+
+
+@transactional
+def test_appends_move_a_chain_head_in_place_without_touching_its_indexes(make_user):
+    """A head's update changes no indexed column: PostgreSQL updates it on its page (HOT), and none of
+    the table's indexes gets a new entry for it."""
+    user = make_user("hot")
+    with transaction.atomic():
+        for _ in range(6):
+            event_record(actor=Actor.for_user(user), action="task.submitted", obj=user)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_stat_get_xact_tuples_updated('audit_chainhead'::regclass), "
+                "pg_stat_get_xact_tuples_hot_updated('audit_chainhead'::regclass)"
+            )
+            updated, hot = cursor.fetchone()
+    assert updated >= 5 and hot == updated
