@@ -51,7 +51,8 @@ class AuditEvent(models.Model):
     object_type = models.CharField(max_length=60)
     object_id = models.CharField(max_length=100)
     task_id = models.UUIDField(null=True, blank=True, db_index=True)
-    correlation_id = models.UUIDField(null=True, blank=True, db_index=True)
+    # Not indexed: a run's events are its chain's ("run:<correlation id>"), which (chain, seq) serves.
+    correlation_id = models.UUIDField(null=True, blank=True)
     payload = models.JSONField(default=dict)
 
     class Meta:

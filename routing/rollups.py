@@ -45,7 +45,7 @@ WITH runs AS (
     SELECT runs.*, 'judge', '', e.payload->>'vendor', e.occurred_at,
            (e.payload->>'input_tokens')::bigint, coalesce((e.payload->>'output_tokens')::bigint, 0),
            coalesce((e.payload->>'cost_usd')::numeric, 0)
-    FROM runs JOIN audit_auditevent e ON e.correlation_id = runs.correlation_id
+    FROM runs JOIN audit_auditevent e ON e.chain = 'run:' || runs.correlation_id::text  -- the run's chain
     WHERE e.action = 'score.judged' AND coalesce((e.payload->>'input_tokens')::bigint, 0) > 0
       AND coalesce(e.payload->>'vendor', '') <> ''
 ), firsts AS (
