@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 
 import datasets
 import pyarrow.parquet as pq
@@ -264,3 +265,57 @@ def test_reward_settings():
     assert reward_of(parsed=False, correct=None, cost_usd=Decimal("0"), config=plain).reward == 0.0
     assert group_advantages([1.0, 0.0]) == [0.5, -0.5]
     assert group_advantages([1.0, 0.0], scale=True) == pytest.approx([1.0, -1.0], abs=1e-3)
+
+
+def test_rows_read_a_few_at_a_time_with_their_tasks_make_the_same_files(
+    replay_pool, settings, tmp_path, monkeypatch
+):
+    """The build reads its rows FETCH at a time, each read with the tasks of its rows: a group whose
+    rows span reads keeps the tasks of its first rows. A group's task is its first graded sample's,
+    and a sample is ungraded by its own task's reference, even where an item's samples ran two tasks."""
+    settings.VAR_DIR = tmp_path
+    batch = rollouts_start(version=conductor_active(), items=[ITEM], k=3, temperature=1.0, actor=ACTOR)
+    runs = execute_with_plans(batch, [plan(RIGHT), plan(WRONG), plan(RIGHT)])
+    Run.objects.filter(pk=runs[0].pk).update(score=None)  # nothing graded it: left out, by its task
+    other = Task.objects.get(source_item=ITEM)
+    other.pk, other.idempotency_key, other.text = uuid.uuid4(), None, 'another "text" ✓'
+    other._state.adding = True
+    other.save(force_insert=True)
+    Rollout.objects.filter(run__in=runs[1:]).update(task=other)
+
+    built = dataset_build(name="reads", batch_ids=[batch.pk], validation_fraction=0.0, actor=ACTOR)
+    assert built.counts["groups"] == 1 and built.counts["ungraded_samples"] == 1
+    assert built.source_run_ids == [runs[1].pk, runs[2].pk]
+    files = dataset_files(built)
+    row = json.loads(files["train.jsonl"].read_text(encoding="utf-8"))
+    assert row["task_id"] == str(other.pk) and row["prompt"] == datasets_service.conductor_prompt(other)
+    for fetch in (1, 2):  # each row its own read; a group's rows in two
+        monkeypatch.setattr(datasets_service, "FETCH", fetch)
+        again = dataset_build(name="reads", batch_ids=[batch.pk], validation_fraction=0.0, actor=ACTOR)
+        assert again.content_hash == built.content_hash and again.counts == built.counts
+        for name in ("train.parquet", "validation.parquet"):
+            assert pq.read_table(dataset_files(again)[name]).equals(pq.read_table(files[name]))
+
+
+def test_a_build_that_fails_while_reading_leaves_nothing_and_the_connection_usable(
+    replay_pool, settings, tmp_path, monkeypatch
+):
+    """The rows' reader thread stops when the build fails part way (a read may be under way): no
+    dataset, no files, and the next build on the same connection succeeds."""
+    settings.VAR_DIR = tmp_path
+    items = [ITEM, "gsm8k:gsm8k-main-test-#1000"]  # the first group is written while the second is read
+    batch = rollouts_start(version=conductor_active(), items=items, k=2, temperature=1.0, actor=ACTOR)
+    execute_with_plans(batch, [NOT_A_PLAN] * 4)
+
+    def no_pool(task, pools=None):
+        raise TrainingError("no enabled worker may receive public data: no prompt to write")
+
+    monkeypatch.setattr(datasets_service, "FETCH", 1)
+    monkeypatch.setattr(datasets_service, "BATCH", 1)
+    monkeypatch.setattr(datasets_service, "conductor_prompt", no_pool)
+    with pytest.raises(TrainingError, match="no prompt to write"):
+        dataset_build(name="fails", batch_ids=[batch.pk], actor=ACTOR)
+    assert not Dataset.objects.exists() and not (tmp_path / "datasets" / "fails" / "v1").exists()
+    monkeypatch.undo()
+    built = dataset_build(name="fails", batch_ids=[batch.pk], actor=ACTOR)
+    assert built.version == 1 and built.counts["groups"] == 2 and built.counts["completions"] == 4

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -16,20 +18,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import (
-    BooleanField,
-    Exists,
-    ExpressionWrapper,
-    Func,
-    Max,
-    OuterRef,
-    Q,
-    QuerySet,
-    Subquery,
-    TextField,
-    Value,
-)
-from django.db.models.functions import Cast, Coalesce
+from django.db.models import Max, QuerySet, TextField
+from django.db.models.functions import Cast
+from psycopg.adapt import Loader
 
 from audit.actions import Action
 from audit.services import Actor, event_record
@@ -215,7 +206,7 @@ def _source_runs_save(dataset: Dataset, run_ids: list[int]) -> list[int]:
 
 
 BATCH = 250  # groups per write (a group is some 20 KB of JSON with 8 samples): memory stays flat
-FETCH = 2000  # rollout rows per round trip
+FETCH = 2000  # rollout rows per round trip (some 3 MB of plans; the next read while these are used)
 MEMO = 4096  # rewards (and advantages) kept for reuse; costs vary by run, so this is bounded too
 
 
@@ -268,6 +259,78 @@ class _Prompts:
         return before_json, last["role"], head, tail
 
 
+class _PlanBytes(Loader):
+    """A plan's JSON string (PostgreSQL's `json` type) as the UTF-8 bytes PostgreSQL sent: it goes into
+    the JSON Lines as it is, never decoded into a Python string and encoded again."""
+
+    def load(self, data: Any) -> bytes:
+        return bytes(data)
+
+
+# The rollouts' rows in item order, each with its run's last top-level plan as a JSON string (written by
+# PostgreSQL: its escapes are json.dumps's) and whether any of its top-level plans parsed. One lateral
+# look-up per rollout reads both (instead of two correlated subqueries); `rollouts` is the filtered
+# selection as the ORM writes it, its columns named here.
+_ROWS = """
+SELECT r.item, r.run_id, r.score, r.task_id, r.cost_text,
+    to_json(coalesce(d.plan, '')), coalesce(d.parsed, false)
+FROM ({rollouts}) AS r (item, run_id, score, task_id, cost_text)
+CROSS JOIN LATERAL (
+    SELECT (array_agg(raw_output ORDER BY attempt DESC, id DESC))[1] AS plan, bool_or(valid) AS parsed
+    FROM {decision} WHERE run_id = r.run_id AND depth = 0
+) AS d
+ORDER BY r.item, r.run_id
+"""
+ITEM, RUN_ID, SCORE, TASK_ID, COST, PLAN, PARSED = range(7)  # a row's columns
+REFERENCE = 2  # a task's reference, in its columns after the id
+# The columns of the rows' tasks that the build needs, by task id (as text).
+_TASKS = """
+SELECT id::text, text, domain, reference, scorer, classification, max_steps, max_depth
+FROM {task} WHERE id = ANY(%s::uuid[])
+"""
+
+
+def _chunks(
+    rollouts: QuerySet[Rollout],
+) -> Generator[tuple[list[tuple[Any, ...]], dict[str, tuple[Any, ...]]], None, None]:
+    """The rows of `_ROWS` FETCH at a time through a server-side cursor (plain SQL: no ORM converters
+    per row): item, run id, score, task id (text), cost (text), plan (JSON bytes), parsed;
+    each time with their tasks' columns (text, domain, reference, scorer, classification, max_steps,
+    max_depth) by task id. A thread reads the next rows and their tasks while these are used:
+    PostgreSQL finds them while Python works (psycopg waits for the server without the GIL), and
+    nothing else uses the connection until the last rows are read (the tasks come in a query of their
+    own, a few hundred for thousands of rows, rather than with each row: hundreds of bytes each)."""
+    selected = rollouts.order_by().annotate(
+        task_text=Cast("task_id", TextField()),
+        cost_text=Cast("run__cost_usd", TextField()),
+    )
+    inner, params = selected.values_list(
+        "item", "run_id", "run__score", "task_text", "cost_text"
+    ).query.sql_with_params()
+    tasks_sql = _TASKS.format(task=Task._meta.db_table)
+    # Both made here, used by the thread below through Django's wrappers (its errors, its query log).
+    rows_cursor, tasks_cursor = connection.chunked_cursor(), connection.cursor()
+    try:
+        rows_cursor.cursor.adapters.register_loader("json", _PlanBytes)
+        rows_cursor.execute(_ROWS.format(rollouts=inner, decision=Decision._meta.db_table), params)
+
+        def read() -> tuple[list[tuple[Any, ...]], dict[str, tuple[Any, ...]]]:
+            rows = rows_cursor.fetchmany(FETCH)
+            if not rows:
+                return rows, {}
+            tasks_cursor.execute(tasks_sql, [list({row[TASK_ID] for row in rows})])
+            return rows, {task[0]: task[1:] for task in tasks_cursor.fetchall()}
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-rows") as reader:
+            ahead = reader.submit(read)
+            while (chunk := ahead.result())[0]:
+                ahead = reader.submit(read)
+                yield chunk
+    finally:
+        rows_cursor.close()
+        tasks_cursor.close()
+
+
 def _stream_groups(
     rollouts: QuerySet[Rollout],
     files: _Files,
@@ -277,36 +340,21 @@ def _stream_groups(
     validation: float,
 ) -> _Built:
     """One pass over the rollouts in item order: each item's samples are a group, rewarded as soon as
-    the next item begins, and written BATCH groups at a time (their tasks read in one query). Rewards
-    and advantages are computed once per distinct input."""
-    last_plan = Decision.objects.filter(run_id=OuterRef("run_id"), depth=0).order_by("-attempt", "-id")
-    rows = (
-        rollouts.order_by("item", "run_id")
-        .annotate(
-            cost_text=Cast("run__cost_usd", TextField()),
-            # a reference to grade against: NULL (none) and "" are not
-            referenced=ExpressionWrapper(Q(task__reference__gt=""), output_field=BooleanField()),
-            # the plan as a JSON string, written by PostgreSQL (its escapes are json.dumps's)
-            plan=Cast(
-                Func(Coalesce(Subquery(last_plan.values("raw_output")[:1]), Value("")), function="to_json"),
-                TextField(),
-            ),
-            parsed=Exists(Decision.objects.filter(run_id=OuterRef("run_id"), depth=0, valid=True)),
-        )
-        # the columns first, then the annotations: the order of the SELECT
-        .values_list("item", "run_id", "run__score", "task_id", "cost_text", "referenced", "plan", "parsed")
-    )
+    the next item begins, and written BATCH groups at a time. Rewards and advantages are computed once
+    per distinct input."""
     built = _Built()
     prompts = _Prompts()
     rewards: dict[tuple[Any, ...], tuple[float, str]] = {}
     advantages: dict[tuple[float, ...], list[float]] = {}
-    kept: list[tuple[list[tuple[Any, ...]], list[tuple[float, str]]]] = []
+    tasks: dict[str, tuple[Any, ...]] = {}  # the columns of the tasks of the rows at hand, by id
+    kept: list[tuple[list[tuple[Any, ...]], list[tuple[float, str]], tuple[Any, ...]]] = []
 
     def group(members: list[tuple[Any, ...]]) -> None:
         samples, earned = [], []
         for row in members:
-            _, _, correct, _, cost, referenced, _, parsed = row
-            if parsed and correct is None and referenced:
+            correct, cost, parsed = row[SCORE], row[COST], row[PARSED]
+            # a reference to grade against: NULL (none) and "" are not
+            if parsed and correct is None and tasks[row[TASK_ID]][REFERENCE]:
                 built.ungraded += 1  # the plan ran but nothing graded it (a failed call, no judge): no reward
                 continue
             key = (parsed, correct, cost)
@@ -321,26 +369,19 @@ def _stream_groups(
             return
         built.groups += 1
         if len(samples) >= min_group_size:
-            kept.append((samples, earned))
+            kept.append((samples, earned, tasks[samples[0][TASK_ID]]))  # the group's task: its first sample's
         if len(kept) >= BATCH:
             write()
 
     def write() -> None:
-        tasks = {
-            row[0]: row
-            for row in Task.objects.filter(pk__in={samples[0][3] for samples, _ in kept}).values_list(
-                "pk", "text", "domain", "reference", "scorer", "classification", "max_steps", "max_depth"
-            )
-        }
-        for samples, earned in kept:
-            item, task_id = samples[0][0], samples[0][3]
-            _, text, domain, reference, scorer, classification, max_steps, max_depth = tasks[task_id]
+        for samples, earned, (text, domain, reference, scorer, classification, max_steps, max_depth) in kept:
+            item = samples[0][ITEM]
             values = tuple(reward for reward, _ in earned)
             if values not in advantages:
                 if len(advantages) >= MEMO:
                     advantages.clear()
                 advantages[values] = group_advantages(list(values))
-            ids = [row[1] for row in samples]
+            ids = [row[RUN_ID] for row in samples]
             built.kept += 1
             spread = max(values) - min(values)
             built.with_signal += spread > 1e-9
@@ -355,17 +396,17 @@ def _stream_groups(
                     prompt_json=prompt,
                     task={
                         "item": item,
-                        "task_id": str(task_id),
+                        "task_id": samples[0][TASK_ID],
                         "domain": domain,
                         "reference": reference,
                         "scorer": scorer,
                     },
-                    completions_json=[row[6] for row in samples],
+                    completions_json=[row[PLAN] for row in samples],
                     samples={
                         "rewards": list(values),
                         "advantages": advantages[values],
-                        "scores": [row[2] for row in samples],
-                        "parsed": [row[7] for row in samples],
+                        "scores": [row[SCORE] for row in samples],
+                        "parsed": [row[PARSED] for row in samples],
                         "costs_usd": [cost for _, cost in earned],
                         "run_ids": ids,
                     },
@@ -374,11 +415,19 @@ def _stream_groups(
         kept.clear()
 
     members: list[tuple[Any, ...]] = []
-    for row in rows.iterator(chunk_size=FETCH):
-        if members and row[0] != members[0][0]:
-            group(members)
-            members = []
-        members.append(row)
+    # closed on the way out, whatever happens: its thread stops reading before the transaction ends
+    with closing(_chunks(rollouts)) as chunks:
+        for rows, chunk_tasks in chunks:
+            # these rows' tasks, and those of the group still open (its first rows came before): no more
+            carried = {row[TASK_ID]: tasks[row[TASK_ID]] for row in members}
+            tasks.clear()
+            tasks.update(carried)
+            tasks.update(chunk_tasks)
+            for row in rows:
+                if members and row[ITEM] != members[0][ITEM]:
+                    group(members)
+                    members = []
+                members.append(row)
     if members:
         group(members)
     if kept:
@@ -412,19 +461,24 @@ def _schema() -> Any:
 @dataclass
 class _Group:
     """One row of the files, its columns in order: the prompt's JSON (see _Prompts), the task's
-    columns, the plans (`group_completions`) each as a JSON string, and the samples' columns."""
+    columns, the plans (`group_completions`) each as a JSON string in UTF-8 (see _PlanBytes), and the
+    samples' columns."""
 
     prompt_json: str
     task: dict[str, Any]
-    completions_json: list[str]
+    completions_json: list[bytes]
     samples: dict[str, Any]
 
-    def line(self) -> str:
-        """The JSON line, as json.dumps writes the row (ensure_ascii=False)."""
-        return (
-            f'{{"prompt": {self.prompt_json}, {_json(self.task)[1:-1]}, '
-            f'"group_completions": [{", ".join(self.completions_json)}], {_json(self.samples)[1:]}\n'
-        )
+    def line(self) -> list[bytes]:
+        """The JSON line in UTF-8, as json.dumps writes the row (ensure_ascii=False), in parts: the
+        batch's lines are joined in one go (each plan copied once)."""
+        parts = [f'{{"prompt": {self.prompt_json}, {_json(self.task)[1:-1]}, "group_completions": ['.encode()]
+        for plan in self.completions_json:
+            parts += (plan, b", ")
+        if self.completions_json:
+            parts.pop()  # no comma after the last
+        parts.append(f"], {_json(self.samples)[1:]}\n".encode())
+        return parts
 
 
 class _Files:
@@ -474,7 +528,7 @@ class _Files:
             writing.result()
 
     def _write_groups(self, split: str, groups: list[_Group]) -> None:
-        text = "".join(g.line() for g in groups).encode()
+        text = b"".join([part for group in groups for part in group.line()])
         self._jsonl[split].write(text)
         if split == self.SPLITS[0]:
             self._digest.update(text)
