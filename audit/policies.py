@@ -228,12 +228,10 @@ def active_rules() -> list[PolicyRule]:
     return list(PolicyRule.objects.filter(enabled=True).order_by("name"))
 
 
-# A fingerprint of every rule row, as it is now: a caller puts it in a statement it makes anyway (the
+# The rules table's version (moved by a trigger with every change to it), as it is now: a caller puts it in a statement it makes anyway (the
 # engine: its fence before each call) and gets the rules through `rules_as_of`, read again only when
 # they changed, however they changed (the admin, the API, SQL).
-RULES_STAMP_SQL = (
-    f"(SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) FROM {PolicyRule._meta.db_table} r)"  # noqa: S608 - a name
-)
+RULES_STAMP_SQL = rows.table_stamp_sql(PolicyRule)
 _rules = rows.Stamped(PolicyRule, RULES_STAMP_SQL, where="t.enabled", order_by="t.name")
 
 

@@ -108,9 +108,20 @@ def _kept_as(field: Field[Any, Any]) -> type | None:
     return None
 
 
+def table_stamp_sql(model: type[Model]) -> str:
+    """SQL of the stamp of `model`'s table: its version number, moved by a trigger in the transaction
+    of every change to it (audit migration 0011_table_stamps; the table needs its triggers), after the
+    versions table's own id (the numbers start again if it is ever made again: a migration rolled back
+    and applied anew, under processes that kept rows). Text, as the stamps are compared."""
+    return (
+        "(SELECT 'audit_tablestamp'::regclass::oid::text || ':' || coalesce((SELECT version "  # noqa: S608 - a name
+        f"FROM audit_tablestamp WHERE name = '{model._meta.db_table}'), 0))"
+    )
+
+
 def read_stamped(model: type[M], stamp_sql: str, *, where: str, order_by: str) -> tuple[str, list[M]]:
-    """The rows of `model` that `where` selects (on alias `t`), with the stamp (a fingerprint of every
-    row of its table: `stamp_sql`) read in the same statement, so that the stamp describes exactly the
+    """The rows of `model` that `where` selects (on alias `t`), with the stamp (its table's version:
+    `stamp_sql`, see table_stamp_sql) read in the same statement, so that the stamp describes exactly the
     rows returned; a cache kept under it is never one of other rows."""
     table = quoted(model._meta.db_table)
     rows = list(

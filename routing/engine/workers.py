@@ -1,5 +1,5 @@
-"""The enabled workers as of a stamp: a fingerprint of every worker row, read in a statement the
-engine makes anyway (a claim's read, a fence, the guard of a one-statement write), so that the workers
+"""The enabled workers as of a stamp: the workers table's version number (moved by a trigger with every
+change to it: audit.rows.table_stamp_sql), read in a statement the engine makes anyway (a claim's read, a fence, the guard of a one-statement write), so that the workers
 are read again only when one changed, however it changed (the admin, the API, SQL)."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ from audit import rows
 
 from ..models import Worker
 
-WORKERS_STAMP_SQL = (
-    f"(SELECT md5(coalesce(string_agg(w::text, ',' ORDER BY w.id), '')) FROM {Worker._meta.db_table} w)"  # noqa: S608 - a name
-)
+WORKERS_STAMP_SQL = rows.table_stamp_sql(Worker)
 _workers = rows.Stamped(Worker, WORKERS_STAMP_SQL, where="t.enabled", order_by="t.slug")
 
 

@@ -269,3 +269,50 @@ def test_an_allowed_plan_records_each_steps_verdict(live_pool):
     emitted = AuditEvent.objects.get(correlation_id=run.correlation_id, action="plan.emitted")
     assert emitted.payload["policy_checks"] == decision.policy_checks
     assert not server.requests_for("gamma")
+
+
+# --- the tables' stamps ---------------------------------------------------------------------------
+
+
+def stamps() -> tuple[str, str]:
+    from audit.policies import RULES_STAMP_SQL
+    from routing.engine.workers import WORKERS_STAMP_SQL
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}")
+        return cursor.fetchone()
+
+
+def test_a_tables_stamp_moves_with_every_change_and_only_with_a_change(live_pool):
+    from django.db import transaction
+
+    rule = PolicyRule.objects.create(
+        name="no-globex", kind=PolicyRule.Kind.VENDOR_BLOCKED, vendors=["globex"]
+    )
+    rules, workers = stamps()
+    PolicyRule.objects.filter(pk=rule.pk).update(enabled=True)  # the same values: nothing changed
+    assert stamps() == (rules, workers)
+    PolicyRule.objects.filter(pk=rule.pk).update(enabled=False)
+    moved, _ = stamps()
+    assert moved != rules
+    Worker.objects.filter(slug="alpha").update(enabled=False)
+    assert stamps()[1] != workers and stamps()[0] == moved  # each table its own
+
+    # A change rolled back leaves its number unused: what was read under it is never another's.
+    with pytest.raises(RuntimeError), transaction.atomic():
+        PolicyRule.objects.filter(pk=rule.pk).update(enabled=True)
+        inside, _ = stamps()
+        raise RuntimeError("rolled back")
+    assert stamps()[0] == moved
+    PolicyRule.objects.filter(pk=rule.pk).update(enabled=True)
+    assert stamps()[0] not in (moved, inside)
+
+    # A session with triggers off (maintenance, a logical replica's apply) moves it all the same.
+    before, _ = stamps()
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute("UPDATE audit_policyrule SET enabled = false")
+        finally:
+            cursor.execute("SET session_replication_role = origin")
+    assert stamps()[0] != before
