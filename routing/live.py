@@ -62,6 +62,7 @@ class _Publisher:
         self.wake = threading.Condition()
         self.busy = False
         self.dropped = 0
+        self.members: list[Any] | None = None  # a Redis client per host of the layer, for `watched`
         self.thread = threading.Thread(target=self._run, name="live-publisher", daemon=True)
         self.thread.start()
 
@@ -97,52 +98,60 @@ class _Publisher:
                 batch = list(self.pending)
                 self.pending.clear()
             try:
-                loop.run_until_complete(_send_all(batch))
+                layer = get_channel_layer()
+                if layer is None:
+                    continue
+                try:
+                    watched = self.watched(layer, {group for group, _ in batch})
+                except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+                    log.warning("could not read the live groups' members", exc_info=True)
+                    watched = None
+                sending = [
+                    (group, message) for group, message in batch if watched is None or group in watched
+                ]
+                if sending:  # nobody watches the others' tasks: nothing to send for them
+                    loop.run_until_complete(_send_all(layer, sending))
             finally:
                 with self.wake:
                     self.busy = False
                     self.wake.notify_all()
 
+    def watched(self, layer: Any, groups: set[str]) -> set[str] | None:
+        """Of these groups, those with a member, asked of Redis in one round trip per Redis host, on
+        this thread's own connections (no event loop: most batches need none). None: not a Redis
+        layer of plain addresses, send to all. Most tasks run with nobody watching: channels-redis's
+        group_send makes two round trips to learn that, for each event. A group found empty here has no
+        member that group_send would have sent to (a watcher who joins just after sees the gap in the
+        run's sequence, or reads the task as it connects)."""
+        from channels_redis.core import RedisChannelLayer
 
-async def _send_all(batch: list[tuple[str, dict[str, Any]]]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        watched = await _watched(layer, {group for group, _ in batch})
-    except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
-        log.warning("could not read the live groups' members", exc_info=True)
-        watched = None
+        if type(layer) is not RedisChannelLayer or not all("address" in host for host in layer.hosts):
+            return None
+        if self.members is None:
+            import redis
+
+            self.members = [
+                redis.Redis.from_url(host["address"], **{k: v for k, v in host.items() if k != "address"})
+                for host in layer.hosts
+            ]
+        by_host: dict[int, list[str]] = {}
+        for group in groups:
+            by_host.setdefault(layer.consistent_hash(group), []).append(group)
+        found = set()
+        for host, hosted in by_host.items():
+            pipe = self.members[host].pipeline(transaction=False)
+            for group in hosted:
+                pipe.zcard(layer._group_key(group))
+            found.update(group for group, count in zip(hosted, pipe.execute(), strict=True) if count)
+        return found
+
+
+async def _send_all(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
     for group, message in batch:
-        if watched is not None and group not in watched:
-            continue  # nobody watches the task: nothing to send
         try:
             await layer.group_send(group, message)
-        except Exception:  # noqa: BLE001 - as above
+        except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
             log.warning("could not publish a live event to %s", group, exc_info=True)
-
-
-async def _watched(layer: Any, groups: set[str]) -> set[str] | None:
-    """Of these groups, those with a member, asked of Redis in one round trip per Redis host (None:
-    not a Redis layer, send to all). Most tasks run with nobody watching: channels-redis's group_send
-    makes two round trips to learn that, for each event. A group found empty here has no member that
-    group_send would have sent to (a watcher who joins just after sees the gap in the run's sequence,
-    or reads the task as it connects)."""
-    from channels_redis.core import RedisChannelLayer
-
-    if type(layer) is not RedisChannelLayer:
-        return None
-    by_host: dict[int, list[str]] = {}
-    for group in groups:
-        by_host.setdefault(layer.consistent_hash(group), []).append(group)
-    watched = set()
-    for host, hosted in by_host.items():
-        pipe = layer.connection(host).pipeline(transaction=False)
-        for group in hosted:
-            pipe.zcard(layer._group_key(group))
-        counts = await pipe.execute()
-        watched.update(group for group, count in zip(hosted, counts, strict=True) if count)
-    return watched
 
 
 _state: dict[int, _Publisher] = {}
