@@ -147,11 +147,19 @@ class _Publisher:
 
 
 async def _send_all(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
     for group, message in batch:
-        try:
-            await layer.group_send(group, message)
-        except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
-            log.warning("could not publish a live event to %s", group, exc_info=True)
+        for last in (False, True):
+            try:
+                await layer.group_send(group, message)
+            except RedisConnectionError:
+                if not last:
+                    continue  # a connection that died while idle (Redis restarted): its pool makes a new one
+                log.warning("could not publish a live event to %s", group, exc_info=True)
+            except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+                log.warning("could not publish a live event to %s", group, exc_info=True)
+            break
 
 
 _state: dict[int, _Publisher] = {}

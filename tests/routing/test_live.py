@@ -302,3 +302,34 @@ def test_events_of_a_task_nobody_watches_are_not_sent_and_a_watched_tasks_are():
         assert received["event"]["action"] == "test.watched" and received["event"]["seq"] == 1
     finally:
         async_to_sync(layer.group_discard)(live.task_group(watched), channel)
+
+
+def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_while_idle():
+    """The publisher's event loop only sends for watched tasks, so its Redis connection may sit idle
+    for long: one that died meanwhile (Redis restarted, the client killed) loses no event."""
+    import redis
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    task_id = uuid.uuid4()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(live.task_group(task_id), channel)
+    try:
+        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.before"})
+        assert live.flush()
+        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 1
+        # Every client connection but this one is closed by the server, the publisher's included.
+        admin = redis.Redis.from_url(settings.REDIS_URL)
+        admin.client_kill_filter(_type="normal", skipme=True)
+        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
+        assert live.flush()
+
+        async def seqs_received() -> list[int]:
+            got: list[int] = []
+            while 2 not in got:  # the kill may hand this test's own receive the first one again
+                got.append((await asyncio.wait_for(layer.receive(channel), timeout=5))["event"]["seq"])
+            return got
+
+        assert 2 in async_to_sync(seqs_received)()
+    finally:
+        async_to_sync(layer.group_discard)(live.task_group(task_id), channel)
