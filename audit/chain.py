@@ -167,13 +167,17 @@ def append_sql(planned: Planned, *, guard: str = "", seal: bool = False) -> tupl
     the last event if it is still `expect` and not sealed (`guard`: a further condition), which locks
     it, and with `seal` seals the chain there (its last event); `e0`, `e1`, ... insert the events,
     only if `h` moved it, each RETURNING its id."""
+    return list(append_text(len(planned.events), guard=guard, seal=seal)), append_params(planned)
+
+
+def append_params(planned: Planned) -> list[Any]:
+    """The values of `append_text`'s placeholders for the planned events."""
     last = planned.events[-1]
     params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
     # Each event one parameter (audit.rows): the statement's text is the same for every append.
-    params += [
+    return params + [
         rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS) for event in planned.events
     ]
-    return list(append_text(len(planned.events), guard=guard, seal=seal)), params
 
 
 _EVENT_FIELDS = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]

@@ -34,13 +34,18 @@ def task_group(task_id: Any) -> str:
     return f"task.{task_id}"
 
 
-def publish_on_commit(*, task_id: Any, event: dict[str, Any]) -> None:
-    """Send `event` to the task's watchers once the current transaction commits (never before).
+def publish_on_commit(*, task_id: Any, events: list[dict[str, Any]]) -> None:
+    """Send `events` to the task's watchers once the current transaction commits (never before).
 
-    The step path only queues it: one publisher thread per process sends the queued events, in
+    The step path only queues them: one publisher thread per process sends the queued events, in
     order, over one event loop that keeps its channel-layer connection.
     """
-    transaction.on_commit(lambda: publish(task_id=task_id, event=event))
+
+    def queue() -> None:
+        for event in events:
+            publish(task_id=task_id, event=event)
+
+    transaction.on_commit(queue)
 
 
 def publish(*, task_id: Any, event: dict[str, Any]) -> None:
@@ -150,16 +155,13 @@ async def _send_all(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     for group, message in batch:
-        for last in (False, True):
+        try:
             try:
                 await layer.group_send(group, message)
-            except RedisConnectionError:
-                if not last:
-                    continue  # a connection that died while idle (Redis restarted): its pool makes a new one
-                log.warning("could not publish a live event to %s", group, exc_info=True)
-            except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
-                log.warning("could not publish a live event to %s", group, exc_info=True)
-            break
+            except RedisConnectionError:  # a connection that died while idle: its pool makes a new one
+                await layer.group_send(group, message)
+        except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
+            log.warning("could not publish a live event to %s", group, exc_info=True)
 
 
 _state: dict[int, _Publisher] = {}

@@ -143,33 +143,33 @@ def announce(run: Run, *events: AuditEvent) -> None:
     """After the events' transaction commits: a small live event each for the task's watchers, numbered
     by the event's place in the run's chain (gap-free, so a page can tell when it missed one), and one
     JSON-ready log line each with the run's ids and trace id (log_context), what log platforms join
-    on. One callback for all the events of a statement."""
+    on. One callback each for all the events of a statement (the log lines only when logged)."""
     shown = [
         {"run": run.pk, "seq": e.seq, "action": e.action, "object": e.object_type, "id": e.object_id}
         for e in events
     ]
-    logged = events_log.isEnabledFor(logging.INFO)
-    ids = _log_ids(run) if logged else {}
+    live.publish_on_commit(task_id=run.task_id, events=shown)
+    if not events_log.isEnabledFor(logging.INFO):
+        return
+    ids = _log_ids(run)
 
-    def after_commit() -> None:
+    def log_lines() -> None:
         for event in shown:
-            live.publish(task_id=run.task_id, event=event)
-            if logged:
-                events_log.info(
-                    "%s %s %s",
-                    event["action"],
-                    event["object"],
-                    event["id"],
-                    extra={
-                        "event": event["action"],
-                        "object": event["object"],
-                        "object_id": event["id"],
-                        "seq": event["seq"],
-                        **ids,
-                    },
-                )
+            events_log.info(
+                "%s %s %s",
+                event["action"],
+                event["object"],
+                event["id"],
+                extra={
+                    "event": event["action"],
+                    "object": event["object"],
+                    "object_id": event["id"],
+                    "seq": event["seq"],
+                    **ids,
+                },
+            )
 
-    transaction.on_commit(after_commit)
+    transaction.on_commit(log_lines)
 
 
 def _log_ids(run: Run) -> dict[str, str]:
@@ -424,7 +424,7 @@ class Writes:
     def _made(self, planned: audit_chain.Planned | None, guard: Guard | None) -> bool:
         params: list[Any] = guard.params(self.run) if guard is not None else []
         if planned is not None:
-            params += audit_chain.append_sql(planned)[1]
+            params += audit_chain.append_params(planned)
         # Each row's values are one parameter (audit.rows): the statement's text is the same for every
         # write of its shape (made once: _statement), and psycopg parses it once.
         updates = []

@@ -241,7 +241,7 @@ def test_publish_on_commit_sends_nothing_before_commit_nor_when_the_transaction_
 
     def publish(seq: int, *, rollback: bool) -> None:
         with transaction.atomic():
-            live.publish_on_commit(task_id=task_id, event={"run": 1, "seq": seq, "action": "test.event"})
+            live.publish_on_commit(task_id=task_id, events=[{"run": 1, "seq": seq, "action": "test.event"}])
             # Still inside the transaction: nothing may have been sent yet.
             assert async_to_sync(ws.receive_nothing)(timeout=0.5), "sent before the commit"
             if rollback:
