@@ -45,6 +45,35 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def database_cpu_s(connection: Any) -> float | None:
+    """CPU seconds used so far by the PostgreSQL server behind `connection`: the postmaster, its live
+    processes (backends, WAL writer, checkpointer...) and those that have exited (the postmaster's
+    children's time). None where /proc cannot tell (not Linux, or the server is not this machine's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        directory = Path(cursor.fetchone()[0])
+    try:
+        postmaster = int((directory / "postmaster.pid").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def stat(pid: int | str) -> list[str]:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+        own = stat(postmaster)  # fields from the state on: utime, stime, cutime, cstime are 11 to 14
+        total = sum(int(v) for v in own[11:15])
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = stat(entry.name)
+                except OSError:
+                    continue  # gone meanwhile: counted in the postmaster's children's time
+                if int(fields[1]) == postmaster:
+                    total += int(fields[11]) + int(fields[12])
+        return total / ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class GraphState(TypedDict, total=False):
     task: str
     item: str
@@ -75,6 +104,7 @@ def main() -> None:
     django_setup()
     from django.conf import settings
     from django.core.management import call_command
+    from django.db import connection
     from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.graph import END, START, StateGraph
 
@@ -209,17 +239,26 @@ def main() -> None:
                 order = ("engine", "langgraph") if r % 2 == 0 else ("langgraph", "engine")
                 figures = {}
                 for side in order:
+                    db_before = database_cpu_s(connection)
                     wall, cpu, steps = (
                         run_engine(batch, r + 1) if side == "engine" else run_langgraph(batch, graph)
                     )
+                    db_after = database_cpu_s(connection)
                     figures[side] = {
                         "ms_per_step": 1000 * wall / steps,
                         "cpu_ms_per_step": 1000 * cpu / steps,
+                        "db_cpu_ms_per_step": None
+                        if db_before is None or db_after is None
+                        else 1000 * (db_after - db_before) / steps,
                         "steps": steps,
                     }
                 row = {
                     "round": r + 1,
-                    **{f"{side}_{k}": round(v, 2) for side, f in figures.items() for k, v in f.items()},
+                    **{
+                        f"{side}_{k}": v if v is None else round(v, 2)
+                        for side, f in figures.items()
+                        for k, v in f.items()
+                    },
                     "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
                     "cpu_ratio": round(
                         figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
@@ -238,6 +277,15 @@ def main() -> None:
         "engine_ms_per_step": round(statistics.median(r["engine_ms_per_step"] for r in rows), 2),
         "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
         "ratio_median": round(statistics.median(r["ratio"] for r in rows), 2),
+        # The database server's CPU per step (both sides' server work; a Celery worker's included)
+        **{
+            f"{side}_db_cpu_ms_per_step": round(
+                statistics.median(r[f"{side}_db_cpu_ms_per_step"] for r in rows), 2
+            )
+            if all(r[f"{side}_db_cpu_ms_per_step"] is not None for r in rows)
+            else None
+            for side in ("engine", "langgraph")
+        },
         "ratio_min": min(r["ratio"] for r in rows),
         "cpu_ratio_median": None
         if args.celery

@@ -341,7 +341,10 @@ class Decision(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
     cost_usd = models.DecimalField(**USD, default=ZERO)
-    latency_ms = models.PositiveIntegerField(default=0)
+    latency_ms = models.FloatField(
+        default=0.0,
+        help_text="Milliseconds the plan took, to the microsecond (building its conductor included)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from routing.conductors import PlanRequest, Proposal
+from routing.conductors import PlanRequest, Proposal, elapsed_ms
 from routing.models import CONDUCTOR_SLUG
 from routing.scoring.scorers import extract_answer
 
@@ -40,7 +40,7 @@ class LearnedConductor:
         started = time.monotonic()
         if request.is_inner:
             plan = _learned_inner_plan(request, self.policy.scorer(request.domain))
-            return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
+            return Proposal(raw_output=json.dumps(plan), latency_ms=elapsed_ms(started))
         allowed = {slug.lower(): slug for slug in request.allowed_slugs}
         # The task's kind is its domain label; one the policy never saw is planned from the text alone,
         # and a kind it falls back on for puts that kind's fixed workflow first (Policy.ranked).
@@ -78,7 +78,7 @@ class LearnedConductor:
         return Proposal(
             raw_output=json.dumps(plan),
             alternatives=[{"step": 0, "candidates": alternatives}],
-            latency_ms=int((time.monotonic() - started) * 1000),
+            latency_ms=elapsed_ms(started),
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..models import ConductorVersion
 from ..plans import MAX_STEPS
-from .base import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard
+from .base import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, elapsed_ms
 from .llm import LLMConductor, worker_alternatives
 from .static import DEFAULT_STATIC_RULES, StaticConductor
 
@@ -40,7 +40,7 @@ _built: OrderedDict[tuple[int | None, str, str, str], Conductor] = OrderedDict()
 _built_lock = threading.Lock()
 
 
-def conductor_load(version: ConductorVersion) -> tuple[Conductor, int]:
+def conductor_load(version: ConductorVersion) -> tuple[Conductor, float]:
     """The version's conductor and the milliseconds this call spent building it (0 when it was built
     before): the engine adds them to the plan's latency, which is what the run waited."""
     factory = _BACKENDS.get(version.backend)
@@ -55,7 +55,7 @@ def conductor_load(version: ConductorVersion) -> tuple[Conductor, int]:
             return found, 0
     started = time.monotonic()
     conductor = factory(version.config)
-    load_ms = int((time.monotonic() - started) * 1000)
+    load_ms = elapsed_ms(started)
     with _built_lock:
         _built[key] = conductor
         while len(_built) > CACHE_SIZE:
@@ -75,5 +75,6 @@ __all__ = [
     "WorkerCard",
     "backend_register",
     "conductor_load",
+    "elapsed_ms",
     "worker_alternatives",
 ]

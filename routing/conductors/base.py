@@ -4,6 +4,7 @@ what it answers (Proposal). A conductor only proposes text; the engine parses an
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -62,7 +63,12 @@ class Proposal:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: Decimal = Decimal("0")
-    latency_ms: int = 0
+    latency_ms: float = 0.0  # milliseconds, to the microsecond: a learned conductor decides in well under one
+
+
+def elapsed_ms(started: float) -> float:
+    """Milliseconds since `started` (a `time.monotonic()`), to the microsecond."""
+    return round((time.monotonic() - started) * 1000, 3)
 
 
 class ConductorUnavailable(Exception):

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..plans import workflow_schema
 from ..providers import complete, endpoint_api_key
-from .base import PlanRequest, Proposal
+from .base import PlanRequest, Proposal, elapsed_ms
 
 SYSTEM_PROMPT = """You are the conductor of a team of language models. Read the task and write a short \
 workflow: which worker gets which subtask, and which earlier results each step may see.
@@ -143,7 +143,7 @@ class LLMConductor:
             extra_body={"structured_outputs": {"json": schema}},
             **seeded,
         )
-        latency_ms = int((time.monotonic() - started) * 1000)
+        latency_ms = elapsed_ms(started)
         cost = (
             Decimal(completion.input_tokens) * self.input_usd_per_mtok
             + Decimal(completion.output_tokens) * self.output_usd_per_mtok

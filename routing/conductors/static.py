@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from .base import PlanRequest, Proposal
+from .base import PlanRequest, Proposal, elapsed_ms
 
 DEFAULT_STATIC_RULES: dict[str, Any] = {
     # Rules are tried in order; the first whose workers are all allowed and whose condition holds wins.
@@ -86,4 +86,4 @@ class StaticConductor:
                 {**s, "instruction": s["instruction"].replace("{task}", request.task_text)}
                 for s in plan["steps"]
             ]
-        return Proposal(raw_output=json.dumps(plan), latency_ms=int((time.monotonic() - started) * 1000))
+        return Proposal(raw_output=json.dumps(plan), latency_ms=elapsed_ms(started))
