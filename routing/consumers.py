@@ -9,7 +9,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from audit.roles import EVERYONE, user_roles
 
-from .live import task_group
+from .live import task_group, unwatch, watch
 
 
 class TaskEventsConsumer(AsyncJsonWebsocketConsumer):
@@ -25,12 +25,12 @@ class TaskEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)
             return
         self.group = task_group(self.task_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await watch(self.channel_layer, self.group, self.channel_name)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await unwatch(self.channel_layer, self.group, self.channel_name)
 
     async def run_event(self, message: dict) -> None:
         await self.send_json(message["event"])

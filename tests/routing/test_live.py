@@ -9,6 +9,7 @@ engine runs in a worker thread of its own (its own database connection) while th
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -272,55 +273,160 @@ def test_publish_on_commit_sends_nothing_before_commit_nor_when_the_transaction_
 # --- nobody watching --------------------------------------------------------------------------------
 
 
-def _group_reads() -> int:
-    """How many times Redis ran ZRANGE: what channels-redis's group_send runs to list a group."""
+def _redis():
     import redis
 
-    stats = redis.Redis.from_url(settings.REDIS_URL).info("commandstats")
-    return int(stats.get("cmdstat_zrange", {}).get("calls", 0))
+    return redis.Redis.from_url(settings.REDIS_URL)
 
 
-def test_events_of_a_task_nobody_watches_are_not_sent_and_a_watched_tasks_are():
+def _calls(*commands: str) -> int:
+    """How many times Redis ran these commands (INFO commandstats): ZRANGE is what channels-redis's
+    group_send runs to list a group, ZCARD what the publisher asks while it is not listening."""
+    stats = _redis().info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands)
+
+
+def _listening(timeout_s: float = 10.0) -> set[str]:
+    """This process's publisher follows the watchers: its groups, once it does."""
+    publisher = live._publisher()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with publisher.wake:
+            if publisher.watchers is not None and publisher.watchers.groups is not None:
+                return set(publisher.watchers.groups)
+        time.sleep(0.01)
+    raise AssertionError("the publisher does not listen on the live watch channel")
+
+
+def _watch(group: str, channel: str) -> None:
+    from channels.layers import get_channel_layer
+
+    async_to_sync(live.watch)(get_channel_layer(), group, channel)
+
+
+def _unwatch(group: str, channel: str) -> None:
+    from channels.layers import get_channel_layer
+
+    async_to_sync(live.unwatch)(get_channel_layer(), group, channel)
+
+
+def _received(channel: str, timeout_s: float = 5.0) -> dict:
+    from channels.layers import get_channel_layer
+
+    async def receive() -> dict:
+        return await asyncio.wait_for(get_channel_layer().receive(channel), timeout=timeout_s)
+
+    return async_to_sync(receive)()
+
+
+def test_events_of_a_task_nobody_watches_cost_no_redis_command_and_a_watched_tasks_are_sent():
     from channels.layers import get_channel_layer
 
     unwatched, watched = uuid.uuid4(), uuid.uuid4()
     layer = get_channel_layer()
+    live.publish(task_id=unwatched, event={"run": 1, "seq": 0, "action": "test.start"})  # the publisher runs
+    assert live.flush()
+    _listening()
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(live.task_group(watched), channel)
+    _watch(live.task_group(watched), channel)
     try:
-        before = _group_reads()
+        admin = _redis()
+        own = {"cmdstat_info", "cmdstat_hello", "cmdstat_client"}  # this client's own connection and asking
+
+        def commands() -> dict[str, int]:
+            return {k: v["calls"] for k, v in admin.info("commandstats").items() if k not in own}
+
+        before = commands()
         for seq in range(1, 6):
             live.publish(task_id=unwatched, event={"run": 1, "seq": seq, "action": "test.unwatched"})
         assert live.flush()
-        assert _group_reads() == before  # one membership count for the batch, no group_send
+        # Not a command for them: no group listed (ZRANGE), no membership asked (ZCARD), nothing sent.
+        assert commands() == before
 
+        reads = _calls("zrange")
         live.publish(task_id=unwatched, event={"run": 1, "seq": 6, "action": "test.unwatched"})
         live.publish(task_id=watched, event={"run": 2, "seq": 1, "action": "test.watched"})
         assert live.flush()
-        assert _group_reads() == before + 1  # the watched task's event alone went through group_send
-        received = async_to_sync(layer.receive)(channel)
+        assert _calls("zrange") == reads + 1  # the watched task's event alone went through group_send
+        received = _received(channel)
         assert received["event"]["action"] == "test.watched" and received["event"]["seq"] == 1
     finally:
-        async_to_sync(layer.group_discard)(live.task_group(watched), channel)
+        _unwatch(live.task_group(watched), channel)
+
+
+def test_a_task_is_followed_while_it_has_a_watcher_and_no_longer_once_its_last_one_left():
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    task_id = uuid.uuid4()
+    group = live.task_group(task_id)
+    live.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live.flush()
+    assert group not in _listening()
+    first, second = async_to_sync(layer.new_channel)(), async_to_sync(layer.new_channel)()
+    _watch(group, first)
+    _watch(group, second)
+    try:
+        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.both"})
+        assert live.flush()
+        assert _received(first)["event"]["seq"] == 1 and _received(second)["event"]["seq"] == 1
+
+        _unwatch(group, first)  # the other still watches
+        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.one"})
+        assert live.flush()
+        assert _received(second)["event"]["seq"] == 2
+        assert group in _listening()
+    finally:
+        _unwatch(group, second)
+    reads = _calls("zrange")
+    live.publish(task_id=task_id, event={"run": 1, "seq": 3, "action": "test.none"})
+    assert live.flush()
+    assert _calls("zrange") == reads  # nobody left: not sent
+    assert group not in _listening()
+
+
+def test_a_watcher_who_joined_while_the_publisher_did_not_listen_gets_the_events():
+    """The watch channel lost (its connection killed: a Redis restart, a network cut), and a watcher
+    joins meanwhile, its announcement lost: the publisher asks Redis for each batch until it listens
+    again, then lists the groups anew."""
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    task_id = uuid.uuid4()
+    group = live.task_group(task_id)
+    live.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live.flush()
+    _listening()
+    channel = async_to_sync(layer.new_channel)()
+    _redis().client_kill_filter(_type="pubsub")  # every subscription's connection closed by the server
+    async_to_sync(layer.group_add)(group, channel)  # joined, unannounced while nobody listens
+    try:
+        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.during"})
+        assert live.flush()
+        assert _received(channel)["event"]["seq"] == 1
+        assert group in _listening()  # listened again: the group listed with the others
+        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
+        assert live.flush()
+        assert _received(channel)["event"]["seq"] == 2
+    finally:
+        _unwatch(group, channel)
 
 
 def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_while_idle():
     """The publisher's event loop only sends for watched tasks, so its Redis connection may sit idle
     for long: one that died meanwhile (Redis restarted, the client killed) loses no event."""
-    import redis
     from channels.layers import get_channel_layer
 
     layer = get_channel_layer()
     task_id = uuid.uuid4()
     channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(live.task_group(task_id), channel)
+    _watch(live.task_group(task_id), channel)
     try:
         live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.before"})
         assert live.flush()
-        assert async_to_sync(layer.receive)(channel)["event"]["seq"] == 1
+        assert _received(channel)["event"]["seq"] == 1
         # Every client connection but this one is closed by the server, the publisher's included.
-        admin = redis.Redis.from_url(settings.REDIS_URL)
-        admin.client_kill_filter(_type="normal", skipme=True)
+        _redis().client_kill_filter(_type="normal", skipme=True)
         live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
         assert live.flush()
 
@@ -332,4 +438,4 @@ def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_whil
 
         assert 2 in async_to_sync(seqs_received)()
     finally:
-        async_to_sync(layer.group_discard)(live.task_group(task_id), channel)
+        _unwatch(live.task_group(task_id), channel)
