@@ -304,11 +304,12 @@ Command: `python -m bench.engine_vs_langgraph --celery --tasks {args.tasks} --ro
 real Celery worker with one process (submission, broker and pickup included); LangGraph runs in the
 benchmark's process as in the section above.
 
-| round | engine ms/step (Celery) | LangGraph ms/step | ratio (wall) |
-|---|---|---|---|
+| round | engine ms/step (Celery) | LangGraph ms/step | ratio (wall) | database CPU ms/step, engine / LangGraph |
+|---|---|---|---|---|
 """
             + "\n".join(
-                f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} |"
+                f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} "
+                f"| {r['engine_db_cpu_ms_per_step']} / {r['langgraph_db_cpu_ms_per_step']} |"
                 for r in rows
             )
             + f"\n\nMedian ratio {summary['ratio_median']}: the engine's runs, as production makes them, cost that "
@@ -316,7 +317,8 @@ benchmark's process as in the section above.
         )
     elif args.write:
         table = "\n".join(
-            f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | {r['cpu_ratio']} |"
+            f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | {r['cpu_ratio']} "
+            f"| {r['engine_db_cpu_ms_per_step']} / {r['langgraph_db_cpu_ms_per_step']} |"
             for r in rows
         )
         write_section(
@@ -329,13 +331,14 @@ replay tasks (the static rules' 3-step math plan), the same provider calls; the 
 plan, steps, attempts, exact messages, costs and hash-chained audit events, LangGraph checkpoints
 its state after every node. Interleaved rounds of {args.tasks} tasks a side:
 
-| round | engine ms/step | LangGraph ms/step | ratio (wall) | ratio (CPU) |
-|---|---|---|---|---|
+| round | engine ms/step | LangGraph ms/step | ratio (wall) | ratio (CPU) | database CPU ms/step, engine / LangGraph |
+|---|---|---|---|---|---|
 {table}
 
-Median ratio {summary["ratio_median"]} (wall), {summary["cpu_ratio_median"]} (CPU): the engine costs
-that many times LangGraph's time per step. Where the time goes, and what is left: docs/architecture.md
-("Performance").""",
+Median ratio {summary["ratio_median"]} (wall), {summary["cpu_ratio_median"]} (CPU of this process): the engine
+costs that many times LangGraph's time per step. The database server's CPU (its processes' time, read
+from /proc): {summary["engine_db_cpu_ms_per_step"]} ms a step for the engine, {summary["langgraph_db_cpu_ms_per_step"]} for
+LangGraph (medians). Where the time goes, and what is left: docs/architecture.md ("Performance").""",
         )
 
 
