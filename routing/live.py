@@ -155,13 +155,17 @@ class _Watchers:
     def _close(self) -> None:
         for subscription in self.subscriptions:
             try:
+                # Its connection goes back to the client's pool: it must not call back once reused.
+                if subscription.connection is not None:
+                    subscription.connection.deregister_connect_callback(self._reconnected)
                 subscription.close()
             except Exception:  # noqa: BLE001 - closing what is already broken
                 log.debug("closing a live watch subscription", exc_info=True)
         self.subscriptions = []
 
     def _reconnected(self, connection: Any) -> None:
-        self.groups = None  # listed again by the publisher's thread (at once: `listen_after` passed)
+        if any(subscription.connection is connection for subscription in self.subscriptions):
+            self.groups = None  # listed again by the publisher's thread (at once: `listen_after` passed)
 
     def known(self) -> set[str] | None:
         """The groups with a watcher, after what has been announced so far (read without waiting)."""

@@ -412,6 +412,31 @@ def test_a_watcher_who_joined_while_the_publisher_did_not_listen_gets_the_events
         _unwatch(group, channel)
 
 
+def test_a_reconnected_subscription_is_listed_again_and_its_old_connection_reused_elsewhere_is_not_one():
+    """redis-py reconnects a subscription by itself (what was announced meanwhile is lost): the
+    publisher lists the groups again, on a new subscription, and closes the old one, whose connection
+    goes back to the client's pool. When that connection is reused for a plain command and connects
+    again, that is not the watch channel's reconnection: the publisher keeps listening."""
+    live.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live.flush()
+    _listening()
+    publisher = live._publisher()
+    watchers = publisher.watchers
+    assert watchers is not None
+    with publisher.wake:
+        first = watchers.subscriptions[0]
+        first.connection.disconnect()  # dropped: the next read reconnects it
+        assert watchers.known() is None  # reconnected while reading: not known until listed again
+    live.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.wake"})
+    assert live.flush()
+    _listening()
+    with publisher.wake:
+        assert first not in watchers.subscriptions
+        reused = [watchers.clients[0].exists("conductor-test-nothing") for _ in range(3)]
+        assert reused == [0, 0, 0]
+        assert watchers.known() is not None, "a pooled connection's reconnection stopped the listening"
+
+
 def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_while_idle():
     """The publisher's event loop only sends for watched tasks, so its Redis connection may sit idle
     for long: one that died meanwhile (Redis restarted, the client killed) loses no event."""
