@@ -101,11 +101,22 @@ class _Watchers:
     """The groups with a watcher, known by listening on the layer's watch channel (on every host) after
     listing the groups once: what `watch` and `unwatch` announce keeps it up to date. `known` is None
     while it is not listening (before it first listens, after the channel was lost): then the
-    publisher asks Redis for each batch instead. Used under the publisher's lock."""
+    publisher asks it (`ask`) for each batch instead. Used under the publisher's lock, but for
+    `subscribe` and `ask`, which only read (on the publisher's thread)."""
 
-    def __init__(self, layer: Any, clients: list[Any]) -> None:
+    def __init__(self, layer: Any) -> None:
+        import redis
+
         self.layer = layer
-        self.clients = clients
+        # A plain Redis client per host of the layer (the publisher's own connections: no event loop).
+        self.clients = [
+            redis.Redis.from_url(
+                host["address"],
+                **{"socket_connect_timeout": 5, "health_check_interval": 30}
+                | {k: v for k, v in host.items() if k != "address"},
+            )
+            for host in layer.hosts
+        ]
         self.groups: set[str] | None = None
         self.subscriptions: list[Any] = []
         self.listen_after = 0.0  # monotonic time of the next try to listen
@@ -186,6 +197,21 @@ class _Watchers:
             self.failed()
         return self.groups
 
+    def ask(self, groups: set[str]) -> set[str]:
+        """Of these groups, those with a member, asked of Redis in one pipelined round trip per host
+        (while not listening). A group found empty has no member that group_send would have sent to
+        (a watcher who joins just after reads the task as it connects)."""
+        by_host: dict[int, list[str]] = {}
+        for group in groups:
+            by_host.setdefault(self.layer.consistent_hash(group), []).append(group)
+        found: set[str] = set()
+        for host, hosted in by_host.items():
+            pipe = self.clients[host].pipeline(transaction=False)
+            for group in hosted:
+                pipe.zcard(self.layer._group_key(group))
+            found.update(group for group, count in zip(hosted, pipe.execute(), strict=True) if count)
+        return found
+
 
 class _Publisher:
     def __init__(self) -> None:
@@ -193,7 +219,6 @@ class _Publisher:
         self.wake = threading.Condition()
         self.busy = False
         self.dropped = 0
-        self.members: list[Any] | None = None  # a Redis client per host of the layer, for `watched`
         self.watchers: _Watchers | None = None
         self.thread = threading.Thread(target=self._run, name="live-publisher", daemon=True)
         self.thread.start()
@@ -251,7 +276,7 @@ class _Publisher:
         layer = get_channel_layer()
         if layer is not None and _plain_redis(layer):
             with self.wake:
-                self.watchers = _Watchers(layer, self._clients(layer))
+                self.watchers = _Watchers(layer)
         while True:
             self._listen()  # at the start, and again after the watch channel was lost
             with self.wake:
@@ -268,9 +293,10 @@ class _Publisher:
                 if layer is None:
                     continue
                 try:
-                    watched = (
-                        known if known is not None else self.watched(layer, {group for group, _ in batch})
-                    )
+                    # None (not a layer of plain Redis addresses): send them all; group_send finds out.
+                    watched = known
+                    if watched is None and self.watchers is not None:
+                        watched = self.watchers.ask({group for group, _ in batch})
                 except Exception:  # noqa: BLE001 - a live update must never fail anything; pages re-read on gaps
                     log.warning("could not read the live groups' members", exc_info=True)
                     watched = None
@@ -283,42 +309,6 @@ class _Publisher:
                 with self.wake:
                     self.busy = False
                     self.wake.notify_all()
-
-    def watched(self, layer: Any, groups: set[str]) -> set[str] | None:
-        """Of these groups, those with a member, asked of Redis in one round trip per Redis host, on
-        this thread's own connections (no event loop: most batches need none). None: not a Redis
-        layer of plain addresses, send to all. Most tasks run with nobody watching: channels-redis's
-        group_send makes two round trips to learn that, for each event. A group found empty here has no
-        member that group_send would have sent to (a watcher who joins just after sees the gap in the
-        run's sequence, or reads the task as it connects)."""
-        if not _plain_redis(layer):
-            return None
-        if self.members is None:
-            self.members = self._clients(layer)
-        by_host: dict[int, list[str]] = {}
-        for group in groups:
-            by_host.setdefault(layer.consistent_hash(group), []).append(group)
-        found: set[str] = set()
-        for host, hosted in by_host.items():
-            pipe = self.members[host].pipeline(transaction=False)
-            for group in hosted:
-                pipe.zcard(layer._group_key(group))
-            found.update(group for group, count in zip(hosted, pipe.execute(), strict=True) if count)
-        return found
-
-    @staticmethod
-    def _clients(layer: Any) -> list[Any]:
-        """A plain Redis client per host of the layer (this thread's own connections: no event loop)."""
-        import redis
-
-        return [
-            redis.Redis.from_url(
-                host["address"],
-                **{"socket_connect_timeout": 5, "health_check_interval": 30}
-                | {k: v for k, v in host.items() if k != "address"},
-            )
-            for host in layer.hosts
-        ]
 
 
 async def _send_all(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
