@@ -187,6 +187,10 @@ RETENTION_DAYS = {
     "restricted": env_int("RETENTION_DAYS_RESTRICTED", 730, minimum=180),
 }
 
+# A process adds the runs that ended to the aggregate pages' rollups at most this often, after a run of
+# its own ends (routing.rollups.fold); a page that reads them folds first, whatever this is.
+ROLLUP_FOLD_EVERY_S = env_float("CONDUCTOR_ROLLUP_FOLD_EVERY_S", 2.0, minimum=0.0)
+
 # --- Celery -------------------------------------------------------------------------------
 # How often beat looks for runs no process executes (a killed worker): they resume within this.
 CONDUCTOR_RESUME_SWEEP_S = env_float("CONDUCTOR_RESUME_SWEEP_S", 3.0, minimum=0.5)

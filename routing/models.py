@@ -589,6 +589,17 @@ class TaskExposure(models.Model):
         return f"Task {self.task_id} reached {self.vendor}"
 
 
+class PendingRollup(models.Model):
+    """A finished run not yet added to the rollups: written in the transaction that ends the run (one
+    small row, where the three rollup upserts were), taken out by the fold that adds it
+    (routing.rollups.fold), in the fold's own transaction. No foreign key: the run's end checks none."""
+
+    run_id = models.BigIntegerField(primary_key=True)
+
+    def __str__(self) -> str:
+        return f"Run {self.run_id}, not yet in the rollups"
+
+
 class OpsRollup(models.Model):
     """The live overview's history over a day or a week: per slot of finishing (half hours for the
     day, four hours for the week, UTC), runs by kind, and provider calls by worker and status, with

@@ -1,10 +1,19 @@
-"""Rollups: the aggregate pages (analytics, the vendor report) read sums kept per hour, not the rows.
+"""Rollups: the aggregate pages (analytics, the vendor report, the overview's day and week) read sums
+kept per hour, not the rows.
 
-A run's steps, its LLM-judge call and the run itself are added in the transaction that ends it (the
-`run_finished` signal), two statements whatever the run's size. The same SQL over every finished run
-rebuilds them from the record (`manage.py rebuild_rollups`, and the migration that created them), so
-a recount always equals what was kept. What a page shows is then as fast at 10M steps as at 10k: it
-sums a few rows per hour of its window.
+A run's end writes one small row (PendingRollup) in its transaction; a fold adds the waiting runs'
+steps, LLM-judge calls and the runs themselves to the rollups in one statement, in a transaction of its
+own, and takes their rows out with it (`fold`). Folds are serialised by an advisory lock, so a run is
+added once. A process folds at most every ROLLUP_FOLD_EVERY_S after a run of its own ends (off the run's
+path: after its commit, and never waiting for another fold), and every page that reads the rollups folds
+first, waiting for a fold in progress: what a page shows includes every run that ended before it was
+asked, as when the runs were added at their end. Many runs in one fold cost the database far less
+than one statement a run (their rows of an hour upserted once), and the runs' ends no longer lock the
+hour's rollup rows in turn.
+
+The same SQL over every finished run rebuilds them from the record (`manage.py rebuild_rollups`, and
+the migration that created them), so a recount always equals what was kept. What a page shows is then
+as fast at 10M steps as at 10k: it sums a few rows per hour of its window.
 
 Finished runs only: a run in flight is added when it ends (the vendor report adds runs in flight from
 their rows, so that no exposure waits for a run to end).
@@ -12,15 +21,18 @@ their rows, so that no exposure waits for a run to end).
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 
 from audit.rows import prepared_cursor
 
-from .models import CONDUCTOR_SLUG, Grain, OpsRollup, RunRollup, TaskExposure, UsageRollup
+from .models import CONDUCTOR_SLUG, Grain, OpsRollup, PendingRollup, RunRollup, TaskExposure, UsageRollup
 
 FINISHED = "r.status IN ('succeeded', 'failed')"
 ONE_RUN = "r.id = %(run)s"
@@ -181,21 +193,96 @@ def quantile(counts: dict[int, int], q: float) -> float | None:
     return float(LATENCY_BOUNDS_MS[-1])
 
 
-def add_run(run_id: int) -> None:
-    """Add one finished run. Call inside the transaction that ends it, once."""
-    _add(ONE_RUN, {"run": run_id})
+# The runs a fold takes: the oldest waiting, at most FOLD_BATCH a statement (a fold repeats until
+# fewer are left), their rows taken out in the statement that adds them.
+FOLD_BATCH = 2000
+_TAKEN = (
+    "taken AS (DELETE FROM routing_pendingrollup WHERE run_id IN "
+    "(SELECT run_id FROM routing_pendingrollup ORDER BY run_id LIMIT %(limit)s) RETURNING run_id)"
+)
+_FOLD = (
+    f"WITH {_TAKEN}, {_CALLS.strip()}, usage_rows AS ({_USAGE}), run_rows AS ({_RUNS}), "  # noqa: S608 - constants
+    f"ops_rows AS ({_OPS}) SELECT count(*) FROM taken"
+).replace("{runs}", "r.id IN (SELECT run_id FROM taken)")
+# Folds hold this advisory lock (transaction-scoped), so that two never take the same runs' rows.
+FOLD_LOCK = (0x526F6C6C, 0)  # "Roll"
+
+
+def fold(*, wait: bool = True) -> int:
+    """Add the finished runs waiting for it to the rollups; how many. With `wait`, a fold in progress
+    elsewhere is waited for (a reader then sees its runs too); without, this one gives way to it.
+
+    A reader calls it before it reads: one indexed look when nothing waits."""
+    with prepared_cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM routing_pendingrollup)")
+        if not cursor.fetchone()[0]:
+            return 0
+    values = {
+        "conductor_slug": CONDUCTOR_SLUG,
+        "spans": list(OPS_SPANS),
+        "origin": SLOT_ORIGIN,
+        "bounds": list(LATENCY_BOUNDS_MS),
+        "limit": FOLD_BATCH,
+    }
+    folded = 0
+    while True:
+        with transaction.atomic(), prepared_cursor() as cursor:
+            if wait:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)", FOLD_LOCK)
+            else:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s::int, %s::int)", FOLD_LOCK)
+                if not cursor.fetchone()[0]:
+                    return folded
+            cursor.execute(_FOLD, values)
+            taken = cursor.fetchone()[0]
+        folded += taken
+        if taken < FOLD_BATCH:
+            return folded
+
+
+class _Folds:
+    """When this process last folded after a run of its own ended (a fold every
+    ROLLUP_FOLD_EVERY_S at most, whatever the number of runs)."""
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+        self.lock = threading.Lock()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            if now - self.last < settings.ROLLUP_FOLD_EVERY_S:
+                return False
+            self.last = now
+            return True
+
+
+_folds = _Folds()
+
+
+def _fold_if_due() -> None:
+    if _folds.due():
+        fold(wait=False)
 
 
 def on_run_finished(sender: Any, run: Any, **_: Any) -> None:
-    """routing.signals.run_finished: in the same transaction as the run's end."""
-    add_run(run.pk)
+    """routing.signals.run_finished: the run waits for a fold, from the transaction that ends it; this
+    process folds after the commit if its last fold is older than ROLLUP_FOLD_EVERY_S."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO routing_pendingrollup (run_id) VALUES (%s) ON CONFLICT (run_id) DO NOTHING", [run.pk]
+        )
+    transaction.on_commit(_fold_if_due)
 
 
 def rebuild() -> dict[str, int]:
-    """Recount every rollup from the rows of the finished runs. Runs ending meanwhile wait on the
-    tables' lock and are added after, once."""
-    tables = [m._meta.db_table for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup)]
+    """Recount every rollup from the rows of the finished runs (none then waits for a fold). Runs ending
+    meanwhile wait on the tables' lock and are folded after, once."""
+    tables = [m._meta.db_table for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup, PendingRollup)]
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s::int, %s::int)", FOLD_LOCK)
+        if tables[-1] not in connection.introspection.table_names(cursor):
+            tables.pop()  # the migrations that built the rollups came before the waiting runs' table
         cursor.execute(f"TRUNCATE {', '.join(tables)}")
         _add(FINISHED, {})
     return {m.__name__: m.objects.count() for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup)}
@@ -217,7 +304,11 @@ def window(
 ) -> QuerySet[Any]:
     """The rows of a rollup (UsageRollup, RunRollup) that sum [since, until) in whole hours: whole UTC
     days from the daily rows and the hours at either end from the hourly ones, so that a long window
-    reads few rows; only hourly rows with days=False (a chart by the hour). None: unbounded."""
+    reads few rows; only hourly rows with days=False (a chart by the hour). None: unbounded.
+
+    The finished runs waiting for a fold are folded first (every page's read of the rollups comes
+    through here, or calls `fold` itself)."""
+    fold()
     start = hour_floor(since) if since else None
     stop = hour_ceil(until) if until else None
     hourly = Q(grain=Grain.HOUR)

@@ -43,7 +43,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # are now sent each on its own (a prepared statement is one statement), and the run chain's seal rides
 # on its last event's append. 18 (9) before the plan's first steps (those that see no other) started
 # in the plan's own statement, their ids drawn with the decision's. 17 before the three rollups became
-# one prepared statement (their expressions side by side: none reads another's rows).
+# one prepared statement (their expressions side by side: none reads another's rows). 15 still when the
+# rollups statement left the run's end for a fold of many runs, after it (routing.rollups.fold): the run
+# end's statement in its place writes one waiting row.
 STATEMENTS = 15
 TRANSACTIONS = 8
 
@@ -56,7 +58,10 @@ def program(server) -> None:
         server.program(worker, [Reply(worker)])
 
 
-def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinned_statements(live_pool):
+def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinned_statements(
+    live_pool, settings
+):
+    settings.ROLLUP_FOLD_EVERY_S = 3600  # a fold an hour at most: not after the run measured
     server = live_pool["server"]
     program(server)
     engine.execute_run(submit("warm up").pk)  # first use: the conductor is built, litellm warms up
@@ -87,6 +92,11 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     plan = sql.index(one_statement[1])
     assert sql[plan : plan + 4] == one_statement[1:]
     assert sql[plan + 4] == "BEGIN"  # nothing read or written between the steps
+    # The run waits for a fold of the rollups: one row, and no rollup written at its end.
+    assert [s for s in sql if "routing_pendingrollup" in s] == [
+        f"INSERT INTO routing_pendingrollup (run_id) VALUES ({run.pk}) ON CONFLICT (run_id) DO NOTHING"  # noqa: S608 - a test's expected text
+    ]
+    assert not [s for s in sql if "routing_usagerollup" in s or "routing_runrollup" in s]
     # The run chain is sealed by its last event's append: no statement of its own.
     assert not [s for s in sql if s.startswith("UPDATE audit_chainhead SET sealed")]
 
@@ -94,7 +104,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # run again, the same statements are not prepared anew, though its totals need a larger integer
     # type (integers go as bigint: a parameter's type is part of what psycopg prepared).
     prepared = _prepared()
-    assert prepared["WITH f AS"] >= 4 and prepared["INSERT INTO routing_usagerollup"] == 1, prepared
+    assert prepared["WITH f AS"] >= 4 and prepared["INSERT INTO routing_pendingrollup"] == 1, prepared
     server.program(
         "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
     )
@@ -111,10 +121,10 @@ def _prepared() -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH f AS%%'), "
-            "count(*) FILTER (WHERE statement LIKE '%%INSERT INTO routing_usagerollup%%') FROM pg_prepared_statements"
+            "count(*) FILTER (WHERE statement LIKE 'INSERT INTO routing_pendingrollup%%') FROM pg_prepared_statements"
         )
-        count, writes, rollups = cursor.fetchone()
-    return {"count": count, "WITH f AS": writes, "INSERT INTO routing_usagerollup": rollups}
+        count, writes, pending = cursor.fetchone()
+    return {"count": count, "WITH f AS": writes, "INSERT INTO routing_pendingrollup": pending}
 
 
 def count_transactions(sql: list[str]) -> int:

@@ -1,8 +1,11 @@
-"""The rollups the aggregate pages read: kept as real runs finish, equal to a recount from the rows,
-each task counted once per vendor, runs in flight added from their rows."""
+"""The rollups the aggregate pages read: kept as real runs finish (folded off the run's path, and
+before every read), equal to a recount from the rows, each task counted once per vendor, runs in
+flight added from their rows."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -15,6 +18,7 @@ from audit.models import AuditEvent
 from routing import compliance, engine, replay, rollups
 from routing.models import (
     Grain,
+    PendingRollup,
     Run,
     RunRollup,
     RunStatus,
@@ -101,6 +105,8 @@ def history(judge_worker):  # noqa: F811 - the fixture imported above
 
 
 def test_rollups_kept_as_runs_finish_equal_a_recount_and_the_rows(history):
+    rollups.fold()  # whatever this process folded already as the runs ended
+    assert not PendingRollup.objects.exists()
     kept = _snapshot()
     assert kept["UsageRollup"] and kept["RunRollup"] and kept["TaskExposure"]
     counts = rollups.rebuild()
@@ -216,3 +222,103 @@ def test_windows_are_whole_utc_hours():
     assert rollups.hour_ceil(datetime(2026, 5, 1, 12, 0, 1, tzinfo=UTC)) == datetime(
         2026, 5, 1, 13, tzinfo=UTC
     )
+
+
+def _run_one(text: str) -> Run:
+    item = next(i for i in replay.read_items(replay.split_path("dev")) if i.domain == "gsm8k")
+    task, _ = task_submit(
+        submission=TaskSubmission(
+            text=text, reference=item.reference, domain=item.domain, source_item=item.id
+        ),
+        source=Task.Source.CLI,
+    )
+    run = task.runs.get()
+    engine.execute_run(run.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    return run
+
+
+@pytest.fixture
+def no_fold_after_runs(replay_pool, settings, monkeypatch):
+    """This process's last fold was just now, and the next is an hour away: runs ending wait."""
+    settings.ROLLUP_FOLD_EVERY_S = 3600
+    monkeypatch.setattr(rollups._folds, "last", time.monotonic())
+
+
+def _calls_made():
+    return Step.objects.exclude(status=StepStatus.PENDING).filter(started_at__isnull=False).exclude(vendor="")
+
+
+def _runs_counted() -> int:
+    return RunRollup.objects.filter(grain=Grain.HOUR).aggregate(n=Sum("runs"))["n"] or 0
+
+
+def test_a_run_s_end_leaves_the_rollups_to_a_fold_and_a_page_folds_before_it_reads(no_fold_after_runs):
+    run = _run_one("What is 6 times 7?")
+    # The run's end wrote one waiting row, in its transaction, and nothing in the rollups.
+    assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
+    assert _runs_counted() == 0 and not TaskExposure.objects.exists()
+
+    # The vendor report reads the rollups: it folds first, and counts the run's steps.
+    vendors = {s.vendor for s in run.steps.exclude(vendor="")}
+    rows = compliance.vendor_exposure(since=None, until=None)
+    assert {r["vendor"] for r in rows} == vendors
+    assert sum(r["steps"] for r in rows) == _calls_made().count() > 0
+    assert not PendingRollup.objects.exists()
+    assert _runs_counted() == 1
+    kept = _snapshot()
+    rollups.rebuild()
+    assert _snapshot() == kept  # folded equals recounted
+
+
+def test_a_process_folds_its_runs_after_their_end_when_its_last_fold_is_old_enough(replay_pool, settings):
+    settings.ROLLUP_FOLD_EVERY_S = 0
+    run = _run_one("What is 5 plus 8?")
+    # Folded after the run's commit, by this process, with no page read.
+    assert not PendingRollup.objects.exists()
+    assert _runs_counted() == 1
+    assert RunRollup.objects.filter(grain=Grain.HOUR).get().runs == 1 and run.status == RunStatus.SUCCEEDED
+
+
+def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(no_fold_after_runs):
+    _run_one("What is 9 minus 4?")
+    _run_one("What is 12 divided by 3?")
+    assert PendingRollup.objects.count() == 2
+    folding, finish = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def folder() -> None:  # another process's fold: the waiting rows taken, not yet committed
+        from django.db import connection, transaction
+
+        try:
+            with transaction.atomic():
+                seen["folded"] = rollups.fold()
+                folding.set()
+                finish.wait(30)
+        finally:
+            connection.close()
+
+    def reader() -> None:
+        from django.db import connection
+
+        try:
+            seen["rows"] = compliance.vendor_exposure(since=None, until=None)
+        finally:
+            connection.close()
+
+    fold_thread = threading.Thread(target=folder)
+    fold_thread.start()
+    assert folding.wait(30)
+    read_thread = threading.Thread(target=reader)
+    read_thread.start()
+    read_thread.join(1.0)
+    assert read_thread.is_alive()  # the page waits for the fold in progress ...
+    finish.set()
+    fold_thread.join(30)
+    read_thread.join(30)
+    assert seen["folded"] == 2
+    # ... and counts both runs' calls, folded once.
+    rows = seen["rows"]
+    assert sum(r["steps"] for r in rows) == _calls_made().count() > 0  # type: ignore[union-attr]
+    assert _runs_counted() == 2 and not PendingRollup.objects.exists()
