@@ -89,6 +89,9 @@ class Visit:
         wait_until(self.page, LIVE_SETTLED)
         elapsed = time.monotonic() - started
         where = f"{path} as {self.identity}"
+        # The tab's title is text: no markup spilled into it (a block left open in a template).
+        title = self.page.title()
+        assert title.endswith("Conductor Web") and "<" not in title, f"{where}: title {title!r}"
         width = self.page.evaluate("document.documentElement.scrollWidth")
         assert width <= WIDTH, f"{where} is {width} px wide in a {WIDTH} px window"
         assert not self.problems, f"{where}: {self.problems}"
