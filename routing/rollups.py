@@ -21,18 +21,21 @@ their rows, so that no exposure waits for a run to end).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q, QuerySet
 
 from audit.rows import prepared_cursor
 
 from .models import CONDUCTOR_SLUG, Grain, OpsRollup, PendingRollup, RunRollup, TaskExposure, UsageRollup
+
+log = logging.getLogger(__name__)
 
 FINISHED = "r.status IN ('succeeded', 'failed')"
 ONE_RUN = "r.id = %(run)s"
@@ -212,7 +215,8 @@ def fold(*, wait: bool = True) -> int:
     """Add the finished runs waiting for it to the rollups; how many. With `wait`, a fold in progress
     elsewhere is waited for (a reader then sees its runs too); without, this one gives way to it.
 
-    A reader calls it before it reads: one indexed look when nothing waits."""
+    A reader calls it before it reads: one indexed look when nothing waits. Call it outside a
+    transaction: its lock is held to the end of the transaction it runs in."""
     with prepared_cursor() as cursor:
         cursor.execute("SELECT EXISTS (SELECT 1 FROM routing_pendingrollup)")
         if not cursor.fetchone()[0]:
@@ -261,8 +265,16 @@ _folds = _Folds()
 
 
 def _fold_if_due() -> None:
-    if _folds.due():
+    """After a run's commit: a failed fold (the database failing under it) is logged and leaves the
+    runs waiting for the next one; the run that ended is not touched by it."""
+    if not _folds.due():
+        return
+    try:
         fold(wait=False)
+    except DatabaseError:
+        log.warning(
+            "folding the finished runs into the rollups failed; they wait for the next fold", exc_info=True
+        )
 
 
 def on_run_finished(sender: Any, run: Any, **_: Any) -> None:

@@ -322,3 +322,20 @@ def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(no_fold_after_ru
     rows = seen["rows"]
     assert sum(r["steps"] for r in rows) == _calls_made().count() > 0  # type: ignore[union-attr]
     assert _runs_counted() == 2 and not PendingRollup.objects.exists()
+
+
+def test_a_fold_that_fails_after_a_run_leaves_the_run_done_and_waiting_for_the_next_fold(
+    replay_pool, settings
+):
+    from django.db import connection
+
+    settings.ROLLUP_FOLD_EVERY_S = 0
+    with connection.cursor() as cursor:  # the fold's statement fails: a table it writes is not there
+        cursor.execute("ALTER TABLE routing_runrollup RENAME TO routing_runrollup_away")
+    try:
+        run = _run_one("What is 7 plus 9?")  # succeeded, and execute_run returned
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE routing_runrollup_away RENAME TO routing_runrollup")
+    assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
+    assert rollups.fold() == 1 and _runs_counted() == 1
