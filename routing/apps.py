@@ -24,5 +24,5 @@ class RoutingConfig(AppConfig):
         verify.row_check_register(record_check.run_rows_problems)
         # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
         run_finished.connect(telemetry.on_run_finished, dispatch_uid="routing.telemetry")
-        # The aggregate pages' sums, kept in the transaction that ends the run.
+        # The aggregate pages' sums: the run's end leaves it waiting for a fold (routing.rollups).
         run_finished.connect(rollups.on_run_finished, dispatch_uid="routing.rollups")

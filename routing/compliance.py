@@ -127,7 +127,7 @@ def vendor_tasks(
     """The newest tasks of a class whose content reached a vendor (a step's call or an LLM judge) in
     the period: finished runs from TaskExposure (its first and last time overlap the period), runs in
     flight from their rows."""
-    rollups.fold()
+    rollups.fold_for_read()
     seen = TaskExposure.objects.filter(vendor=vendor, classification=classification)
     if since:
         seen = seen.filter(last_at__gte=since)

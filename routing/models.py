@@ -479,7 +479,7 @@ class Grain(models.TextChoices):
 
 class UsageRollup(models.Model):
     """Calls that reached a worker or an LLM judge, summed per hour (and per day) of the call and per
-    everything the aggregate pages filter or group by. Written in the transaction that ends each run; equal to a
+    everything the aggregate pages filter or group by. Folded in after each run ends (routing.rollups.fold); equal to a
     recount from the rows (`manage.py rebuild_rollups`). Kept when retention deletes the rows: counts,
     tokens and money, no content."""
 

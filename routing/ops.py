@@ -255,7 +255,7 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
             w["p50"][at[row["bucket"]]] = row["p50"]
             w["p95"][at[row["bucket"]]] = row["p95"]
     else:
-        rollups.fold()
+        rollups.fold_for_read()
         rows = (
             OpsRollup.objects.filter(span_min=rollups.ops_span(stride), slot__gte=origin, slot__lt=end)
             .order_by()

@@ -15,7 +15,7 @@ The same SQL over every finished run rebuilds them from the record (`manage.py r
 the migration that created them), so a recount always equals what was kept. What a page shows is then
 as fast at 10M steps as at 10k: it sums a few rows per hour of its window.
 
-Finished runs only: a run in flight is added when it ends (the vendor report adds runs in flight from
+Finished runs only: a run in flight is folded in after it ends (the vendor report adds runs in flight from
 their rows, so that no exposure waits for a run to end).
 """
 
@@ -271,9 +271,21 @@ def _fold_if_due() -> None:
         return
     try:
         fold(wait=False)
-    except DatabaseError:
+    except Exception:  # noqa: BLE001 - the run is done whatever happens here (a time limit included)
         log.warning(
             "folding the finished runs into the rollups failed; they wait for the next fold", exc_info=True
+        )
+
+
+def fold_for_read() -> None:
+    """`fold` before a page reads the rollups. If the fold fails (the database failing under it, or
+    a run whose rows its statement cannot take), the page shows the rollups as they are and the
+    failure is logged: the waiting runs stay waiting, nothing is lost."""
+    try:
+        fold()
+    except DatabaseError:
+        log.error(
+            "folding the finished runs into the rollups failed; the page shows them without", exc_info=True
         )
 
 
@@ -319,8 +331,8 @@ def window(
     reads few rows; only hourly rows with days=False (a chart by the hour). None: unbounded.
 
     The finished runs waiting for a fold are folded first (every page's read of the rollups comes
-    through here, or calls `fold` itself)."""
-    fold()
+    through here, or calls `fold_for_read` itself)."""
+    fold_for_read()
     start = hour_floor(since) if since else None
     stop = hour_ceil(until) if until else None
     hourly = Q(grain=Grain.HOUR)

@@ -339,3 +339,20 @@ def test_a_fold_that_fails_after_a_run_leaves_the_run_done_and_waiting_for_the_n
             cursor.execute("ALTER TABLE routing_runrollup_away RENAME TO routing_runrollup")
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
     assert rollups.fold() == 1 and _runs_counted() == 1
+
+
+def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep_waiting(no_fold_after_runs):
+    from django.db import connection
+
+    run = _run_one("What is 8 times 3?")
+    with connection.cursor() as cursor:  # the fold's statement fails: a table it writes is not there
+        cursor.execute("ALTER TABLE routing_opsrollup RENAME TO routing_opsrollup_away")
+    try:
+        assert compliance.vendor_exposure(since=None, until=None) == []  # the page, without the run
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE routing_opsrollup_away RENAME TO routing_opsrollup")
+    assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
+    rows = compliance.vendor_exposure(since=None, until=None)
+    assert sum(r["steps"] for r in rows) == _calls_made().count() > 0
+    assert not PendingRollup.objects.exists()
