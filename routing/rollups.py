@@ -38,7 +38,6 @@ from .models import CONDUCTOR_SLUG, Grain, OpsRollup, PendingRollup, RunRollup, 
 log = logging.getLogger(__name__)
 
 FINISHED = "r.status IN ('succeeded', 'failed')"
-ONE_RUN = "r.id = %(run)s"
 
 # Every call that reached a worker (a step that started) or an LLM judge (a score.judged event whose
 # judge was really asked), with what the pages group it by. `first_call`: the first call of its task
@@ -160,22 +159,16 @@ ON CONFLICT (span_min, slot, series, run_kind, worker_slug, status, latency_buck
 """
 
 
-# The three rollups in one statement (one round trip at a run's end), prepared on the server (planned
-# once per connection: planning was most of their time). Each reads the runs' rows, none another's.
-_ALL = f"WITH {_CALLS}, usage_rows AS ({_USAGE}), run_rows AS ({_RUNS}), ops_rows AS ({_OPS}) SELECT 1"  # noqa: S608 - constants
-
-
-def _add(runs: str, params: dict[str, Any]) -> None:
-    """The three rollups of the runs that `runs` selects (SQL on alias r), in one statement."""
-    values = {
-        **params,
-        "conductor_slug": CONDUCTOR_SLUG,
-        "spans": list(OPS_SPANS),
-        "origin": SLOT_ORIGIN,
-        "bounds": list(LATENCY_BOUNDS_MS),
-    }
-    with prepared_cursor() as cursor:
-        cursor.execute(_ALL.replace("{runs}", runs), values)
+# The three rollups side by side in one statement, prepared on the server (planned once per
+# connection: planning was most of their time). Each reads the runs' rows ({runs}: SQL on alias r),
+# none another's. A recount reads every finished run; a fold the runs it takes out of PendingRollup.
+_ROLLUPS = f"{_CALLS.strip()}, usage_rows AS ({_USAGE}), run_rows AS ({_RUNS}), ops_rows AS ({_OPS})"
+_PARAMS = {
+    "conductor_slug": CONDUCTOR_SLUG,
+    "spans": list(OPS_SPANS),
+    "origin": SLOT_ORIGIN,
+    "bounds": list(LATENCY_BOUNDS_MS),
+}
 
 
 def quantile(counts: dict[int, int], q: float) -> float | None:
@@ -199,14 +192,12 @@ def quantile(counts: dict[int, int], q: float) -> float | None:
 # The runs a fold takes: the oldest waiting, at most FOLD_BATCH a statement (a fold repeats until
 # fewer are left), their rows taken out in the statement that adds them.
 FOLD_BATCH = 2000
-_TAKEN = (
-    "taken AS (DELETE FROM routing_pendingrollup WHERE run_id IN "
-    "(SELECT run_id FROM routing_pendingrollup ORDER BY run_id LIMIT %(limit)s) RETURNING run_id)"
-)
 _FOLD = (
-    f"WITH {_TAKEN}, {_CALLS.strip()}, usage_rows AS ({_USAGE}), run_rows AS ({_RUNS}), "  # noqa: S608 - constants
-    f"ops_rows AS ({_OPS}) SELECT count(*) FROM taken"
-).replace("{runs}", "r.id IN (SELECT run_id FROM taken)")
+    "WITH taken AS (DELETE FROM routing_pendingrollup WHERE run_id IN "  # noqa: S608 - constants
+    "(SELECT run_id FROM routing_pendingrollup ORDER BY run_id LIMIT %(limit)s) RETURNING run_id), "
+    + _ROLLUPS.replace("{runs}", "r.id IN (SELECT run_id FROM taken)")
+    + " SELECT count(*) FROM taken"
+)
 # Folds hold this advisory lock (transaction-scoped), so that two never take the same runs' rows.
 FOLD_LOCK = (0x526F6C6C, 0)  # "Roll"
 
@@ -221,13 +212,7 @@ def fold(*, wait: bool = True) -> int:
         cursor.execute("SELECT EXISTS (SELECT 1 FROM routing_pendingrollup)")
         if not cursor.fetchone()[0]:
             return 0
-    values = {
-        "conductor_slug": CONDUCTOR_SLUG,
-        "spans": list(OPS_SPANS),
-        "origin": SLOT_ORIGIN,
-        "bounds": list(LATENCY_BOUNDS_MS),
-        "limit": FOLD_BATCH,
-    }
+    values = {**_PARAMS, "limit": FOLD_BATCH}
     folded = 0
     while True:
         with transaction.atomic(), prepared_cursor() as cursor:
@@ -308,7 +293,7 @@ def rebuild() -> dict[str, int]:
         if tables[-1] not in connection.introspection.table_names(cursor):
             tables.pop()  # the migrations that built the rollups came before the waiting runs' table
         cursor.execute(f"TRUNCATE {', '.join(tables)}")
-        _add(FINISHED, {})
+        cursor.execute(f"WITH {_ROLLUPS.replace('{runs}', FINISHED)} SELECT 1", _PARAMS)
     return {m.__name__: m.objects.count() for m in (UsageRollup, RunRollup, TaskExposure, OpsRollup)}
 
 
