@@ -96,6 +96,17 @@ def live_pool(openai_server):
 
 
 @pytest.fixture
+def no_fold_after_runs(settings, monkeypatch):
+    """This process folded the rollups just now and folds again in an hour at most: a run's end is
+    followed by no fold of its own (routing.rollups), for tests that pin a run's statements or its
+    waiting row. Pages still fold before they read."""
+    from routing import rollups
+
+    settings.ROLLUP_FOLD_EVERY_S = 3600
+    monkeypatch.setattr(rollups._folds, "last", time.monotonic())
+
+
+@pytest.fixture
 def replay_pool(db):
     from django.core.management import call_command
 

@@ -59,9 +59,8 @@ def program(server) -> None:
 
 
 def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinned_statements(
-    live_pool, settings
+    live_pool, no_fold_after_runs
 ):
-    settings.ROLLUP_FOLD_EVERY_S = 3600  # a fold an hour at most: not after the run measured
     server = live_pool["server"]
     program(server)
     engine.execute_run(submit("warm up").pk)  # first use: the conductor is built, litellm warms up

@@ -5,7 +5,6 @@ flight added from their rows."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -239,13 +238,6 @@ def _run_one(text: str) -> Run:
     return run
 
 
-@pytest.fixture
-def no_fold_after_runs(replay_pool, settings, monkeypatch):
-    """This process's last fold was just now, and the next is an hour away: runs ending wait."""
-    settings.ROLLUP_FOLD_EVERY_S = 3600
-    monkeypatch.setattr(rollups._folds, "last", time.monotonic())
-
-
 def _calls_made():
     return Step.objects.exclude(status=StepStatus.PENDING).filter(started_at__isnull=False).exclude(vendor="")
 
@@ -254,7 +246,9 @@ def _runs_counted() -> int:
     return RunRollup.objects.filter(grain=Grain.HOUR).aggregate(n=Sum("runs"))["n"] or 0
 
 
-def test_a_run_s_end_leaves_the_rollups_to_a_fold_and_a_page_folds_before_it_reads(no_fold_after_runs):
+def test_a_run_s_end_leaves_the_rollups_to_a_fold_and_a_page_folds_before_it_reads(
+    replay_pool, no_fold_after_runs
+):
     run = _run_one("What is 6 times 7?")
     # The run's end wrote one waiting row, in its transaction, and nothing in the rollups.
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
@@ -281,7 +275,7 @@ def test_a_process_folds_its_runs_after_their_end_when_its_last_fold_is_old_enou
     assert RunRollup.objects.filter(grain=Grain.HOUR).get().runs == 1 and run.status == RunStatus.SUCCEEDED
 
 
-def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(no_fold_after_runs):
+def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(replay_pool, no_fold_after_runs):
     _run_one("What is 9 minus 4?")
     _run_one("What is 12 divided by 3?")
     assert PendingRollup.objects.count() == 2
@@ -341,7 +335,9 @@ def test_a_fold_that_fails_after_a_run_leaves_the_run_done_and_waiting_for_the_n
     assert rollups.fold() == 1 and _runs_counted() == 1
 
 
-def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep_waiting(no_fold_after_runs):
+def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep_waiting(
+    replay_pool, no_fold_after_runs
+):
     from django.db import connection
 
     run = _run_one("What is 8 times 3?")

@@ -151,7 +151,9 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
     assert report.intact, report.problems
 
 
-def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statement(live_pool):
+def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statement(
+    live_pool, no_fold_after_runs
+):
     """A call can cost more decimal places than the run's totals keep (a price per million tokens times
     a few tokens): the process must assume the totals as the column stored them, or every later guard
     misses and each write falls back to a fenced transaction."""
