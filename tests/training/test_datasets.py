@@ -188,10 +188,11 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
 
 
 def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monkeypatch):
-    """Prompts are built and encoded once per pool and shape, the task's text put in its place; where
-    the text lands anywhere but in the last message, each prompt is built on its own."""
+    """Prompts are built and encoded once per pool and shape, the task's text encoded on its own and put
+    in its place; where the prompt holds the text twice, or changed, each prompt is built on its own."""
     shape = {"domain": "math", "classification": "public", "max_steps": 4, "max_depth": 1}
-    texts = ['He said "héllo"\n\tthen ✓', datasets_service._Prompts.MARK, "", "{}\\ \u2028 \x01"]
+    mark = datasets_service._Prompts.MARK
+    texts = ['He said "héllo"\n\tthen ✓', mark, "", "{}\\ \u2028 \x01", json.dumps(mark) + "\\", "a\\"]
     prompts = datasets_service._Prompts()
     for text in texts:
         expected = datasets_service.conductor_prompt(Task(text=text, **shape))
@@ -204,11 +205,15 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
         messages[0] = {"role": "system", "content": messages[0]["content"] + task.text}
         return messages
 
-    monkeypatch.setattr(datasets_service, "conductor_prompt", text_twice)
-    prompts = datasets_service._Prompts()
-    for text in texts:
-        expected = text_twice(Task(text=text, **shape))
-        assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
+    def text_cut(task, pools=None):  # a prompt that quotes the task's text shortened
+        return original(Task(text=task.text[:3], **shape), pools)
+
+    for conductor_prompt in (text_twice, text_cut):
+        monkeypatch.setattr(datasets_service, "conductor_prompt", conductor_prompt)
+        prompts = datasets_service._Prompts()
+        for text in texts:
+            expected = conductor_prompt(Task(text=text, **shape))
+            assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
 
 
 def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):

@@ -224,16 +224,16 @@ _json = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(x, ensure_asci
 
 
 class _Prompts:
-    """Each group's conductor prompt and its JSON. The messages differ between tasks only in the task's
-    text, in the last message: they are built once per domain, data class and step and depth limits (by
-    `conductor_prompt` itself, for a marker text) and the text is put in its place; the messages
-    before it are encoded once."""
+    """Each group's conductor prompt as JSON. The messages differ between tasks only in the task's text:
+    they are built and encoded once per domain, data class and step and depth limits (by
+    `conductor_prompt` itself, for a marker text), and each task's text, encoded alone, is put in the
+    marker's place."""
 
     MARK = "\x00task text\x00"
 
     def __init__(self) -> None:
         self._pools: dict[str, list[Any]] = {}
-        self._shapes: dict[tuple[Any, ...], tuple[str, str, str, str] | None] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[str, str] | None] = {}
 
     def of(self, text: str, **shape: Any) -> str:
         """The messages for a task's text and `shape` (its domain, classification, max_steps and
@@ -244,19 +244,19 @@ class _Prompts:
         template = self._shapes[key]
         if template is None:  # the text is not simply placed in the last message: build each prompt
             return _json(conductor_prompt(Task(text=text, **shape), self._pools))
-        before_json, role, head, tail = template
-        return before_json + _json({"role": role, "content": head + text + tail}) + "]"
+        head, tail = template
+        return head + _json(text)[1:-1] + tail
 
-    def _template(self, **shape: Any) -> tuple[str, str, str, str] | None:
+    def _template(self, **shape: Any) -> tuple[str, str] | None:
+        """The messages' JSON before and after the text's place. A JSON string escapes each character
+        on its own, so the text's JSON (without its quotes) put there gives the JSON of the messages with
+        the text in its place."""
         messages = conductor_prompt(Task(text=self.MARK, **shape), self._pools)
-        *before, last = messages
-        if set(last) != {"role", "content"} or json.dumps(messages).count(json.dumps(self.MARK)[1:-1]) != 1:
-            return None  # the marker is elsewhere too, or changed on its way
-        if self.MARK not in last["content"]:
-            return None
-        head, tail = last["content"].split(self.MARK)
-        before_json = _json(before)[:-1] + (", " if before else "")
-        return before_json, last["role"], head, tail
+        encoded, marker = _json(messages), _json(self.MARK)[1:-1]
+        if encoded.count(marker) != 1:
+            return None  # the text is placed more than once, or changed on its way
+        head, tail = encoded.split(marker)
+        return head, tail
 
 
 class _PlanBytes(Loader):
