@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.cpu import database_cpu_s
 from bench.docs import write_section
 from conductor_web.embedded import django_setup
 
@@ -42,7 +43,7 @@ from routing import engine, replay  # noqa: E402
 from routing.conductors import conductor_load  # noqa: E402
 from routing.engine.planning import plan_request, screened_workers  # noqa: E402
 from routing.models import ConductorVersion, Decision, Task  # noqa: E402
-from routing.services import TaskSubmission, task_submit  # noqa: E402
+from routing.services import TaskSubmission, conductor_activate, task_submit  # noqa: E402
 from training.models import Rollout  # noqa: E402
 from training.services import dataset_build, dataset_files, rollouts_start  # noqa: E402
 
@@ -79,8 +80,13 @@ def rss_mib() -> float:
 
 
 def learned_version() -> ConductorVersion:
-    call_command("train_conductor", "bench-learned", "--limit", "200", "--activate", verbosity=0)
-    return ConductorVersion.objects.get(name="bench-learned")
+    """The benchmark's learned conductor, active: trained on the first run against this database,
+    taken again (and made active) on the next ones."""
+    version = ConductorVersion.objects.filter(name="bench-learned").first()
+    if version is None:
+        call_command("train_conductor", "bench-learned", "--limit", "200", "--activate", verbosity=0)
+        return ConductorVersion.objects.get(name="bench-learned")
+    return conductor_activate(version=version, actor=ACTOR)
 
 
 def decisions(version: ConductorVersion, tasks: int, repeat: int) -> dict:
@@ -224,9 +230,14 @@ def grpo(batch_id: int, name: str) -> dict:
     samples = Rollout.objects.filter(batch_id=batch_id).count()
     before = rss_mib()
     peak_rss_reset()
+    db_before, cpu_before = database_cpu_s(connection), time.process_time()
     started = time.perf_counter()
     dataset = dataset_build(name=name, batch_ids=[batch_id], min_group_size=2, actor=ACTOR)
     took = time.perf_counter() - started
+    # Where the build's CPU went: this process (all its threads) and the database server; on this
+    # machine's cores, their sum over the wall time says how close the build is to being CPU-bound.
+    build_cpu, db_after = time.process_time() - cpu_before, database_cpu_s(connection)
+    db_cpu = None if db_before is None or db_after is None else db_after - db_before
     written = sum(path.stat().st_size for path in dataset_files(dataset).values())
     floor_s, plan_bytes = plans_read(batch_id)  # after the build: its reads find no cache warmed for them
     return emit(
@@ -237,6 +248,8 @@ def grpo(batch_id: int, name: str) -> dict:
             "completions": dataset.counts["completions"],
             "seconds": round(took, 2),
             "samples_per_s": round(samples / took),
+            "build_cpu_s": round(build_cpu, 2),
+            "database_cpu_s": None if db_cpu is None else round(db_cpu, 2),
             "plan_bytes_per_sample": round(plan_bytes / samples),
             "files_mib": round(written / 2**20, 1),
             "files_mib_per_s": round(written / 2**20 / took, 1),
@@ -332,6 +345,10 @@ def main() -> None:
                 f"| GRPO dataset build ({b['groups']:,} groups, {b['plan_bytes_per_sample']:,} bytes of plan "
                 f"a sample) | {b['samples']:,} samples | {b['samples_per_s']:,} samples/s "
                 f"({b['files_mib_per_s']} MiB/s of files) | - | {b['peak_rss_growth_mib']} MiB |"
+            )
+            lines.append(
+                f"| the same build's CPU: its process (every thread) / PostgreSQL | - "
+                f"| {b['build_cpu_s']} / {b['database_cpu_s']} s | - | - |"
             )
             lines.append(
                 f"| the same batch's plans alone, read out of PostgreSQL | {b['samples']:,} plans "
