@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import uuid
@@ -306,13 +307,17 @@ def test_a_build_that_fails_while_reading_leaves_nothing_and_the_connection_usab
     replay_pool, settings, tmp_path, monkeypatch
 ):
     """The rows' reader thread stops when the build fails part way (a read may be under way): no
-    dataset, no files, and the next build on the same connection succeeds."""
+    dataset, no files, Python's cycle collector (off while the rows stream) on again, and the next
+    build on the same connection succeeds."""
     settings.VAR_DIR = tmp_path
     items = [ITEM, "gsm8k:gsm8k-main-test-#1000"]  # the first group is written while the second is read
     batch = rollouts_start(version=conductor_active(), items=items, k=2, temperature=1.0, actor=ACTOR)
     execute_with_plans(batch, [NOT_A_PLAN] * 4)
 
+    collecting = []
+
     def no_pool(task, pools=None):
+        collecting.append(gc.isenabled())
         raise TrainingError("no enabled worker may receive public data: no prompt to write")
 
     monkeypatch.setattr(datasets_service, "FETCH", 1)
@@ -321,6 +326,7 @@ def test_a_build_that_fails_while_reading_leaves_nothing_and_the_connection_usab
     with pytest.raises(TrainingError, match="no prompt to write"):
         dataset_build(name="fails", batch_ids=[batch.pk], actor=ACTOR)
     assert not Dataset.objects.exists() and not (tmp_path / "datasets" / "fails" / "v1").exists()
+    assert collecting == [False] and gc.isenabled()
     monkeypatch.undo()
     built = dataset_build(name="fails", batch_ids=[batch.pk], actor=ACTOR)
     assert built.version == 1 and built.counts["groups"] == 2 and built.counts["completions"] == 4

@@ -4,12 +4,13 @@ JSON Lines) and their manifest.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import shutil
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -136,7 +137,7 @@ def dataset_build(
         if directory.exists():
             raise TrainingError(f"{relative} exists but no dataset names it; move it away first")
         try:
-            with _Files(directory) as files:
+            with _collector_paused(), _Files(directory) as files:
                 built = _stream_groups(
                     rollouts,
                     files,
@@ -203,6 +204,23 @@ def _source_runs_save(dataset: Dataset, run_ids: list[int]) -> list[int]:
             ["{" + ",".join(map(str, ordered)) + "}", dataset.pk],
         )
     return ordered
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while the rows stream through (put back as it was, whatever
+    happens). The build allocates some ten containers a sample and makes no cycles (a build of 160,000
+    samples left 31 objects for the collector afterwards, as many as one of 20,000), but the collector
+    ran some 280 times over them and over the process's older objects (about 0.8 s of a 7 s build,
+    holding the GIL; one full collection alone took 0.4 s). The switch is the process's: another
+    thread's cycles wait for the build's end."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 BATCH = 250  # groups per write (a group is some 20 KB of JSON with 8 samples): memory stays flat
