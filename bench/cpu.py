@@ -11,9 +11,14 @@ def database_cpu_s(connection: Any) -> float | None:
     """CPU seconds used so far by the PostgreSQL server behind `connection`: the postmaster, its live
     processes (backends, WAL writer, checkpointer...) and those that have exited (the postmaster's
     children's time). None where /proc cannot tell (not Linux, or the server is not this machine's)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW data_directory")
-        directory = Path(cursor.fetchone()[0])
+    from django.db import DatabaseError
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW data_directory")  # a superuser's or pg_read_all_settings' to read
+            directory = Path(cursor.fetchone()[0])
+    except DatabaseError:
+        return None
     try:
         postmaster = int((directory / "postmaster.pid").read_text().split()[0])
         ticks = os.sysconf("SC_CLK_TCK")

@@ -23,6 +23,7 @@ import platform
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from bench.cpu import database_cpu_s
@@ -48,6 +49,7 @@ from training.models import Rollout  # noqa: E402
 from training.services import dataset_build, dataset_files, rollouts_start  # noqa: E402
 
 ACTOR = Actor.service("bench")
+RUN = uuid.uuid4().hex[:8]  # this run of the benchmark
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -94,7 +96,8 @@ def decisions(version: ConductorVersion, tasks: int, repeat: int) -> dict:
     made = []
     for item in items:
         task, _ = task_submit(
-            submission=TaskSubmission.of_replay(item, idempotency_key=f"bench-throughput:{item.id}"),
+            # a key of this run's own: an earlier run's tasks ran already, and their decisions with them
+            submission=TaskSubmission.of_replay(item, idempotency_key=f"bench-throughput:{RUN}:{item.id}"),
             source=Task.Source.CLI,
         )
         run = task.runs.get()

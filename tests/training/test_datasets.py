@@ -190,15 +190,19 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
 
 def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monkeypatch):
     """Prompts are built and encoded once per pool and shape, the task's text encoded on its own and put
-    in its place; where the prompt holds the text twice, or changed, each prompt is built on its own."""
+    in its place; where the prompt holds the text twice, changed, or depends on it some other way, each
+    prompt is built on its own."""
     shape = {"domain": "math", "classification": "public", "max_steps": 4, "max_depth": 1}
     mark = datasets_service._Prompts.MARK
-    texts = ['He said "héllo"\n\tthen ✓', mark, "", "{}\\ \u2028 \x01", json.dumps(mark) + "\\", "a\\"]
-    prompts = datasets_service._Prompts()
-    for text in texts:
-        expected = datasets_service.conductor_prompt(Task(text=text, **shape))
-        assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
-
+    texts = [
+        'He said "héllo"\n\tthen ✓',
+        mark,
+        "",
+        "{}\\ \u2028 \x01",
+        json.dumps(mark) + "\\",
+        "a\\",
+        "x" * 500,
+    ]
     original = datasets_service.conductor_prompt
 
     def text_twice(task, pools=None):  # a prompt that also quotes the task in its system message
@@ -207,14 +211,56 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
         return messages
 
     def text_cut(task, pools=None):  # a prompt that quotes the task's text shortened
-        return original(Task(text=task.text[:3], **shape), pools)
+        return original(Task(text=task.text[:40], **shape), pools)
 
-    for conductor_prompt in (text_twice, text_cut):
-        monkeypatch.setattr(datasets_service, "conductor_prompt", conductor_prompt)
+    def text_counted(task, pools=None):  # the text once, as it is, and its length elsewhere
+        messages = original(task, pools)
+        messages[0] = {"role": "system", "content": f"{messages[0]['content']} ({len(task.text)} chars)"}
+        return messages
+
+    for conductor_prompt, per_text in (
+        (original, False),
+        (text_twice, True),
+        (text_cut, True),
+        (text_counted, True),
+    ):
+        calls = []
+
+        def counted(task, pools=None, conductor_prompt=conductor_prompt, calls=calls):
+            calls.append(task.text)
+            return conductor_prompt(task, pools)
+
+        monkeypatch.setattr(datasets_service, "conductor_prompt", counted)
         prompts = datasets_service._Prompts()
         for text in texts:
             expected = conductor_prompt(Task(text=text, **shape))
-            assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False)
+            assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False), conductor_prompt
+        # the template, checked once on a second text; else each text's own prompt
+        assert (len(calls) > len(texts)) == per_text and (len(calls) <= 2 or per_text), (
+            conductor_prompt,
+            calls,
+        )
+
+
+def test_builds_side_by_side_leave_the_cycle_collector_as_the_first_found_it():
+    """The collector is off while any build runs, on again when the last one ends, whichever ends
+    first; where it was off before, it stays off."""
+    first, second = datasets_service._collector_paused(), datasets_service._collector_paused()
+    assert gc.isenabled()
+    first.__enter__()
+    second.__enter__()
+    assert not gc.isenabled()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second build still runs
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with datasets_service._collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_rollouts_refuse_bad_input_and_create_nothing(replay_pool):

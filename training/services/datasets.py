@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import shutil
+import threading
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
@@ -206,21 +207,35 @@ def _source_runs_save(dataset: Dataset, run_ids: list[int]) -> list[int]:
     return ordered
 
 
+class _Paused:
+    """Builds under way in this process, and whether the collector ran before the first began."""
+
+    lock = threading.Lock()
+    builds = 0
+    was_enabled = True
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cycle collector off while the rows stream through (put back as it was, whatever
     happens). The build allocates some ten containers a sample and makes no cycles (a build of 160,000
     samples left 31 objects for the collector afterwards, as many as one of 20,000), but the collector
     ran some 280 times over them and over the process's older objects (about 0.8 s of a 7 s build,
-    holding the GIL; one full collection alone took 0.4 s). The switch is the process's: another
-    thread's cycles wait for the build's end."""
-    enabled = gc.isenabled()
-    gc.disable()
+    holding the GIL; one full collection alone took 0.4 s). The switch is the process's: the first of
+    concurrent builds turns it off, the last one puts it back as the first found it, and meanwhile
+    other threads' cycles (a web server's, where a request builds) wait for the builds' end."""
+    with _Paused.lock:
+        if _Paused.builds == 0:
+            _Paused.was_enabled = gc.isenabled()
+            gc.disable()
+        _Paused.builds += 1
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _Paused.lock:
+            _Paused.builds -= 1
+            if _Paused.builds == 0 and _Paused.was_enabled:
+                gc.enable()
 
 
 BATCH = 250  # groups per write (a group is some 20 KB of JSON with 8 samples): memory stays flat
@@ -265,15 +280,23 @@ class _Prompts:
         head, tail = template
         return head + _json(text)[1:-1] + tail
 
+    PROBE = ' a longer "probe" \\ text, é ✓ \u2028\n\x01 ' * 8
+
     def _template(self, **shape: Any) -> tuple[str, str] | None:
         """The messages' JSON before and after the text's place. A JSON string escapes each character
         on its own, so the text's JSON (without its quotes) put there gives the JSON of the messages with
-        the text in its place."""
-        messages = conductor_prompt(Task(text=self.MARK, **shape), self._pools)
-        encoded, marker = _json(messages), _json(self.MARK)[1:-1]
-        if encoded.count(marker) != 1:
+        the text in its place, if the prompt holds the text once, as it is, and nothing else of it: a
+        second text, longer and with escapes, must come out of the template as the prompt writes it."""
+        encoded, marker = (
+            _json(conductor_prompt(Task(text=self.MARK, **shape), self._pools)),
+            _json(self.MARK),
+        )
+        if encoded.count(marker[1:-1]) != 1:
             return None  # the text is placed more than once, or changed on its way
-        head, tail = encoded.split(marker)
+        head, tail = encoded.split(marker[1:-1])
+        probe = conductor_prompt(Task(text=self.PROBE, **shape), self._pools)
+        if head + _json(self.PROBE)[1:-1] + tail != _json(probe):
+            return None  # the prompt depends on the text some other way (its length, a copy changed)
         return head, tail
 
 
