@@ -220,7 +220,7 @@ def _collector_paused() -> Iterator[None]:
     """Python's cycle collector off while the rows stream through (put back as it was, whatever
     happens). The build allocates some ten containers a sample and makes no cycles (a build of 160,000
     samples left 31 objects for the collector afterwards, as many as one of 20,000), but the collector
-    ran some 280 times over them and over the process's older objects (about 0.8 s of a 7 s build,
+    ran some 280 times over them and over the process's older objects (0.84 s of an 8.4 s build,
     holding the GIL; one full collection alone took 0.4 s). The switch is the process's: the first of
     concurrent builds turns it off, the last one puts it back as the first found it, and meanwhile
     other threads' cycles (a web server's, where a request builds) wait for the builds' end."""
@@ -263,6 +263,7 @@ class _Prompts:
     marker's place."""
 
     MARK = "\x00task text\x00"
+    PROBE = ' a longer "probe" \\ text, é ✓ \u2028\n\x01 ' * 8  # checks the template MARK made
 
     def __init__(self) -> None:
         self._pools: dict[str, list[Any]] = {}
@@ -275,25 +276,21 @@ class _Prompts:
         if key not in self._shapes:
             self._shapes[key] = self._template(**shape)
         template = self._shapes[key]
-        if template is None:  # the text is not simply placed in the last message: build each prompt
+        if template is None:  # the prompt uses the text some other way: each prompt built on its own
             return _json(conductor_prompt(Task(text=text, **shape), self._pools))
         head, tail = template
         return head + _json(text)[1:-1] + tail
-
-    PROBE = ' a longer "probe" \\ text, é ✓ \u2028\n\x01 ' * 8
 
     def _template(self, **shape: Any) -> tuple[str, str] | None:
         """The messages' JSON before and after the text's place. A JSON string escapes each character
         on its own, so the text's JSON (without its quotes) put there gives the JSON of the messages with
         the text in its place, if the prompt holds the text once, as it is, and nothing else of it: a
         second text, longer and with escapes, must come out of the template as the prompt writes it."""
-        encoded, marker = (
-            _json(conductor_prompt(Task(text=self.MARK, **shape), self._pools)),
-            _json(self.MARK),
-        )
-        if encoded.count(marker[1:-1]) != 1:
+        encoded = _json(conductor_prompt(Task(text=self.MARK, **shape), self._pools))
+        marker = _json(self.MARK)[1:-1]
+        if encoded.count(marker) != 1:
             return None  # the text is placed more than once, or changed on its way
-        head, tail = encoded.split(marker[1:-1])
+        head, tail = encoded.split(marker)
         probe = conductor_prompt(Task(text=self.PROBE, **shape), self._pools)
         if head + _json(self.PROBE)[1:-1] + tail != _json(probe):
             return None  # the prompt depends on the text some other way (its length, a copy changed)
