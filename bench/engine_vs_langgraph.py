@@ -13,9 +13,15 @@ the figures are orchestration and persistence alone.
   run's hash chain.
 - LangGraph 1.x: a StateGraph (plan -> step -> step ... -> END) compiled with PostgresSaver, which
   writes a checkpoint of the graph's state after every node; the state carries the same messages
-  and answers.
+  and answers. It runs twice a round, in each of its durability modes:
+  - `sync` (the ratio): a node's checkpoint is committed before the next node starts, as the engine
+    commits a step's record before its call goes out (the engine's guarantee is the stronger one:
+    the start of a step, with the messages a vendor is about to see, is durable before the call);
+  - `async`, LangGraph's default (`ratio_async`): a node's checkpoint is written on a background
+    thread while the next node runs, so a crash can lose the last step, and the database's time
+    hides behind the next node's. Shown for context: the engine offers no such mode.
 
-Rounds interleave the two (the order alternating); each prints ms per step and the ratio
+Rounds interleave the three (the order rotating); each prints ms per step and the ratios
 engine / LangGraph, wall time and this process's CPU time. Submitting the engine's tasks (one
 transaction each) is outside the timing, as LangGraph's thread creation is.
 
@@ -145,13 +151,16 @@ def main() -> None:
     builder.add_conditional_edges("plan", more, ["step", END])
     builder.add_conditional_edges("step", more, ["step", END])
 
-    def run_langgraph(batch: list[replay.ReplayItem], graph: Any) -> tuple[float, float, int]:
+    def run_langgraph(
+        batch: list[replay.ReplayItem], graph: Any, durability: str
+    ) -> tuple[float, float, int]:
         started, cpu = time.perf_counter(), time.process_time()
         steps = 0
         for item in batch:
             out = graph.invoke(
                 {"task": item.task, "item": item.id},
                 config={"configurable": {"thread_id": f"{prefix}{uuid.uuid4().hex}"}},
+                durability=durability,
             )
             steps += len(out["responses"])
         return time.perf_counter() - started, time.process_time() - cpu, steps
@@ -207,17 +216,23 @@ def main() -> None:
         with PostgresSaver.from_conn_string(settings.DATABASE_URL) as saver:
             saver.setup()
             graph = builder.compile(checkpointer=saver)
-            run_langgraph(items[:3], graph)  # warm-up, both sides: imports, the replay index, litellm
+            # LangGraph's two durability modes (the module's docstring): sync is the like-for-like one.
+            sides = {
+                "engine": run_engine,
+                "langgraph": lambda batch, n: run_langgraph(batch, graph, "sync"),
+                "langgraph_async": lambda batch, n: run_langgraph(batch, graph, "async"),
+            }
+            sides["langgraph"](items[:3], 0)  # warm-up, every side: imports, the replay index, litellm
+            sides["langgraph_async"](items[:3], 0)
             run_engine(items[3:6], 0)
             for r in range(args.rounds):
                 batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
-                order = ("engine", "langgraph") if r % 2 == 0 else ("langgraph", "engine")
-                figures = {}
+                names = list(sides)
+                order = names[r % 3 :] + names[: r % 3]  # each side first, middle and last in turn
+                figures: dict[str, dict[str, Any]] = {}
                 for side in order:
                     db_before = database_cpu_s(connection)
-                    wall, cpu, steps = (
-                        run_engine(batch, r + 1) if side == "engine" else run_langgraph(batch, graph)
-                    )
+                    wall, cpu, steps = sides[side](batch, r + 1)
                     db_after = database_cpu_s(connection)
                     figures[side] = {
                         "ms_per_step": 1000 * wall / steps,
@@ -238,6 +253,9 @@ def main() -> None:
                     "cpu_ratio": round(
                         figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
                     ),
+                    "ratio_async": round(
+                        figures["engine"]["ms_per_step"] / figures["langgraph_async"]["ms_per_step"], 2
+                    ),
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -251,7 +269,11 @@ def main() -> None:
         "rounds": args.rounds,
         "engine_ms_per_step": round(statistics.median(r["engine_ms_per_step"] for r in rows), 2),
         "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
+        "langgraph_async_ms_per_step": round(
+            statistics.median(r["langgraph_async_ms_per_step"] for r in rows), 2
+        ),
         "ratio_median": round(statistics.median(r["ratio"] for r in rows), 2),
+        "ratio_async_median": round(statistics.median(r["ratio_async"] for r in rows), 2),
         # The database server's CPU per step (both sides' server work; a Celery worker's included)
         **{
             f"{side}_db_cpu_ms_per_step": round(
@@ -259,7 +281,7 @@ def main() -> None:
             )
             if all(r[f"{side}_db_cpu_ms_per_step"] is not None for r in rows)
             else None
-            for side in ("engine", "langgraph")
+            for side in ("engine", "langgraph", "langgraph_async")
         },
         "ratio_min": min(r["ratio"] for r in rows),
         "cpu_ratio_median": None
@@ -269,52 +291,65 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
     }
     print(json.dumps(summary))
-    if args.write and args.celery:
-        write_section(
-            "langgraph-celery",
-            f"""## The engine through a Celery worker against LangGraph, per step
+    if args.write:
+        write_section("langgraph-celery" if args.celery else "langgraph", _section(args, rows, summary))
+
+
+def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of a run: the in-process one, or the one through Celery."""
+    modes = (
+        'LangGraph runs twice a round: with `durability="sync"` (each node\'s checkpoint committed before '
+        "the next node starts: the like-for-like ratio, as the engine commits each step's record before its "
+        'call) and with its default `"async"` (checkpoints written on a background thread while the next '
+        "node runs; a crash can lose the last step), for context."
+    )
+    cpu = not args.celery
+    head = (
+        "| round | engine ms/step | LangGraph sync ms/step | ratio | "
+        + ("ratio (CPU) | " if cpu else "")
+        + "LangGraph async ms/step | ratio to async | database CPU ms/step, engine / sync / async |\n|---|---|---|---|"
+        + ("---|" if cpu else "")
+        + "---|---|---|"
+    )
+    table = "\n".join(
+        f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | "
+        + (f"{r['cpu_ratio']} | " if cpu else "")
+        + f"{r['langgraph_async_ms_per_step']} | {r['ratio_async']} | {r['engine_db_cpu_ms_per_step']} / "
+        f"{r['langgraph_db_cpu_ms_per_step']} / {r['langgraph_async_db_cpu_ms_per_step']} |"
+        for r in rows
+    )
+    medians = (
+        f"Median ratio **{summary['ratio_median']}** to LangGraph with synchronous checkpoints"
+        + (f" (CPU of this process: {summary['cpu_ratio_median']})" if cpu else "")
+        + f", {summary['ratio_async_median']} to its default asynchronous ones. The database server's CPU "
+        f"(its processes' time, read from /proc): {summary['engine_db_cpu_ms_per_step']} ms a step for the engine, "
+        f"{summary['langgraph_db_cpu_ms_per_step']} and {summary['langgraph_async_db_cpu_ms_per_step']} for "
+        'LangGraph (medians). Where the time goes, and what is left: docs/architecture.md ("Performance").'
+    )
+    if args.celery:
+        return f"""## The engine through a Celery worker against LangGraph, per step
 
 Command: `python -m bench.engine_vs_langgraph --celery --tasks {args.tasks} --rounds {args.rounds}` on
 {summary["machine"]}, embedded PostgreSQL and Redis. The engine's runs are submitted and executed by a
 real Celery worker with one process (submission, broker and pickup included); LangGraph runs in the
-benchmark's process as in the section above.
+benchmark's process as in the section above. {modes}
 
-| round | engine ms/step (Celery) | LangGraph ms/step | ratio (wall) | database CPU ms/step, engine / LangGraph |
-|---|---|---|---|---|
-"""
-            + "\n".join(
-                f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} "
-                f"| {r['engine_db_cpu_ms_per_step']} / {r['langgraph_db_cpu_ms_per_step']} |"
-                for r in rows
-            )
-            + f"\n\nMedian ratio {summary['ratio_median']}: the engine's runs, as production makes them, cost that "
-            "many times LangGraph's in-process time per step. Where the time goes: docs/architecture.md.",
-        )
-    elif args.write:
-        table = "\n".join(
-            f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | {r['cpu_ratio']} "
-            f"| {r['engine_db_cpu_ms_per_step']} / {r['langgraph_db_cpu_ms_per_step']} |"
-            for r in rows
-        )
-        write_section(
-            "langgraph",
-            f"""## The engine against LangGraph + PostgresSaver, per step
+{head}
+{table}
+
+{medians}"""
+    return f"""## The engine against LangGraph + PostgresSaver, per step
 
 Command: `python -m bench.engine_vs_langgraph --tasks {args.tasks} --rounds {args.rounds}` (after
 `pip install -e '.[bench]'`) on {summary["machine"]}, embedded PostgreSQL, one process. The same
 replay tasks (the static rules' 3-step math plan), the same provider calls; the engine records its
 plan, steps, attempts, exact messages, costs and hash-chained audit events, LangGraph checkpoints
-its state after every node. Interleaved rounds of {args.tasks} tasks a side:
+its state after every node. {modes} Interleaved rounds of {args.tasks} tasks a side:
 
-| round | engine ms/step | LangGraph ms/step | ratio (wall) | ratio (CPU) | database CPU ms/step, engine / LangGraph |
-|---|---|---|---|---|---|
+{head}
 {table}
 
-Median ratio {summary["ratio_median"]} (wall), {summary["cpu_ratio_median"]} (CPU of this process): the engine
-costs that many times LangGraph's time per step. The database server's CPU (its processes' time, read
-from /proc): {summary["engine_db_cpu_ms_per_step"]} ms a step for the engine, {summary["langgraph_db_cpu_ms_per_step"]} for
-LangGraph (medians). Where the time goes, and what is left: docs/architecture.md ("Performance").""",
-        )
+{medians}"""
 
 
 if __name__ == "__main__":
