@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict
@@ -51,6 +52,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cpu import database_cpu_s  # noqa: E402
+
+Figures = dict[str, Any]
+
+
+class Clock:
+    """One side's timed part: wall time, this process's CPU time and the database server's CPU time
+    (its processes' time, read from /proc: None where it cannot be read), from here to `stop`."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.db = database_cpu_s(connection)
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, count: Callable[[], int]) -> Figures:
+        """The figures per step, the steps counted (`count`) once the clocks are read."""
+        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        db = database_cpu_s(self.connection)
+        steps = count()
+        return {
+            "ms_per_step": 1000 * wall / steps,
+            "cpu_ms_per_step": 1000 * cpu / steps,
+            "db_cpu_ms_per_step": None if db is None or self.db is None else 1000 * (db - self.db) / steps,
+            "steps": steps,
+        }
 
 
 class GraphState(TypedDict, total=False):
@@ -151,10 +176,8 @@ def main() -> None:
     builder.add_conditional_edges("plan", more, ["step", END])
     builder.add_conditional_edges("step", more, ["step", END])
 
-    def run_langgraph(
-        batch: list[replay.ReplayItem], graph: Any, durability: str
-    ) -> tuple[float, float, int]:
-        started, cpu = time.perf_counter(), time.process_time()
+    def run_langgraph(batch: list[replay.ReplayItem], graph: Any, durability: str) -> Figures:
+        clock = Clock(connection)
         steps = 0
         for item in batch:
             out = graph.invoke(
@@ -163,9 +186,9 @@ def main() -> None:
                 durability=durability,
             )
             steps += len(out["responses"])
-        return time.perf_counter() - started, time.process_time() - cpu, steps
+        return clock.stop(lambda: steps)
 
-    def run_engine(batch: list[replay.ReplayItem], n: int) -> tuple[float, float, int]:
+    def run_engine(batch: list[replay.ReplayItem], n: int) -> Figures:
         if args.celery:
             return run_engine_celery(batch, n)
         runs = []
@@ -175,15 +198,14 @@ def main() -> None:
                 source=Task.Source.CLI,
             )
             runs.append(task.runs.get(kind=Run.Kind.LIVE).pk)
-        started, cpu = time.perf_counter(), time.process_time()
+        clock = Clock(connection)  # after the submissions, as LangGraph's thread creation is outside
         for run_id in runs:
             engine.execute_run(run_id)
         rollups.fold()  # the runs left waiting for the aggregate pages' rollups are part of the work
-        elapsed, used = time.perf_counter() - started, time.process_time() - cpu
-        return elapsed, used, Step.objects.filter(run_id__in=runs).count()
+        return clock.stop(Step.objects.filter(run_id__in=runs).count)
 
-    def run_engine_celery(batch: list[replay.ReplayItem], n: int) -> tuple[float, float, int]:
-        started, cpu = time.perf_counter(), time.process_time()
+    def run_engine_celery(batch: list[replay.ReplayItem], n: int) -> Figures:
+        clock = Clock(connection)
         tasks = [
             task_submit(
                 submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
@@ -197,8 +219,7 @@ def main() -> None:
                 raise SystemExit("the Celery worker did not finish the batch in 10 minutes")
             time.sleep(0.005)
         rollups.fold()  # the runs the worker left waiting for the aggregate pages' rollups
-        elapsed, used = time.perf_counter() - started, time.process_time() - cpu
-        return elapsed, used, Step.objects.filter(run__task_id__in=tasks).count()
+        return clock.stop(Step.objects.filter(run__task_id__in=tasks).count)
 
     worker = None
     if args.celery:
@@ -229,19 +250,9 @@ def main() -> None:
                 batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
                 names = list(sides)
                 order = names[r % 3 :] + names[: r % 3]  # each side first, middle and last in turn
-                figures: dict[str, dict[str, Any]] = {}
+                figures: dict[str, Figures] = {}
                 for side in order:
-                    db_before = database_cpu_s(connection)
-                    wall, cpu, steps = sides[side](batch, r + 1)
-                    db_after = database_cpu_s(connection)
-                    figures[side] = {
-                        "ms_per_step": 1000 * wall / steps,
-                        "cpu_ms_per_step": 1000 * cpu / steps,
-                        "db_cpu_ms_per_step": None
-                        if db_before is None or db_after is None
-                        else 1000 * (db_after - db_before) / steps,
-                        "steps": steps,
-                    }
+                    figures[side] = sides[side](batch, r + 1)
                 row = {
                     "round": r + 1,
                     **{
