@@ -21,9 +21,10 @@ the figures are orchestration and persistence alone.
     thread while the next node runs, so a crash can lose the last step, and the database's time
     hides behind the next node's. Shown for context: the engine offers no such mode.
 
-Rounds interleave the three (the order rotating); each prints ms per step and the ratios
-engine / LangGraph, wall time and this process's CPU time. Submitting the engine's tasks (one
-transaction each) is outside the timing, as LangGraph's thread creation is.
+Rounds interleave the three (the six orders in turn, so that each side runs after each other);
+each prints ms per step and the ratios engine / LangGraph, wall time and this process's CPU time,
+and the database server's CPU. Submitting the engine's tasks (one transaction each) is outside the
+timing and the server's CPU, as LangGraph's thread creation is.
 
 With `--celery` the engine's runs go the way production's do: submitted (inside the timing: the
 submission, its broker message and the worker's pickup are the path), executed by a real Celery
@@ -34,6 +35,7 @@ worker with one process, and timed to the last answer. LangGraph runs in this pr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -111,6 +113,7 @@ def main() -> None:
     from django.db import connection
     from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Durability
 
     from bench.docs import write_section
     from routing import engine, replay, rollups
@@ -176,7 +179,7 @@ def main() -> None:
     builder.add_conditional_edges("plan", more, ["step", END])
     builder.add_conditional_edges("step", more, ["step", END])
 
-    def run_langgraph(batch: list[replay.ReplayItem], graph: Any, durability: str) -> Figures:
+    def run_langgraph(batch: list[replay.ReplayItem], graph: Any, durability: Durability) -> Figures:
         clock = Clock(connection)
         steps = 0
         for item in batch:
@@ -246,10 +249,10 @@ def main() -> None:
             sides["langgraph"](items[:3], 0)  # warm-up, every side: imports, the replay index, litellm
             sides["langgraph_async"](items[:3], 0)
             run_engine(items[3:6], 0)
+            orders = list(itertools.permutations(sides))
             for r in range(args.rounds):
                 batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
-                names = list(sides)
-                order = names[r % 3 :] + names[: r % 3]  # each side first, middle and last in turn
+                order = orders[r % len(orders)]  # the six orders in turn: each side after each other
                 figures: dict[str, Figures] = {}
                 for side in order:
                     figures[side] = sides[side](batch, r + 1)
@@ -306,6 +309,11 @@ def main() -> None:
         write_section("langgraph-celery" if args.celery else "langgraph", _section(args, rows, summary))
 
 
+def _shown(value: Any) -> Any:
+    """A figure as the docs show it: n/a where it could not be read (the server's CPU, off this machine)."""
+    return "n/a" if value is None else value
+
+
 def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of a run: the in-process one, or the one through Celery."""
     modes = (
@@ -316,7 +324,7 @@ def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict
     )
     cpu = not args.celery
     head = (
-        "| round | engine ms/step | LangGraph sync ms/step | ratio | "
+        f"| round | engine ms/step{' (Celery)' if args.celery else ''} | LangGraph sync ms/step | ratio | "
         + ("ratio (CPU) | " if cpu else "")
         + "LangGraph async ms/step | ratio to async | database CPU ms/step, engine / sync / async |\n|---|---|---|---|"
         + ("---|" if cpu else "")
@@ -325,16 +333,17 @@ def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict
     table = "\n".join(
         f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | "
         + (f"{r['cpu_ratio']} | " if cpu else "")
-        + f"{r['langgraph_async_ms_per_step']} | {r['ratio_async']} | {r['engine_db_cpu_ms_per_step']} / "
-        f"{r['langgraph_db_cpu_ms_per_step']} / {r['langgraph_async_db_cpu_ms_per_step']} |"
+        + f"{r['langgraph_async_ms_per_step']} | {r['ratio_async']} | {_shown(r['engine_db_cpu_ms_per_step'])} / "
+        f"{_shown(r['langgraph_db_cpu_ms_per_step'])} / {_shown(r['langgraph_async_db_cpu_ms_per_step'])} |"
         for r in rows
     )
     medians = (
         f"Median ratio **{summary['ratio_median']}** to LangGraph with synchronous checkpoints"
         + (f" (CPU of this process: {summary['cpu_ratio_median']})" if cpu else "")
         + f", {summary['ratio_async_median']} to its default asynchronous ones. The database server's CPU "
-        f"(its processes' time, read from /proc): {summary['engine_db_cpu_ms_per_step']} ms a step for the engine, "
-        f"{summary['langgraph_db_cpu_ms_per_step']} and {summary['langgraph_async_db_cpu_ms_per_step']} for "
+        f"(its processes' time, read from /proc): {_shown(summary['engine_db_cpu_ms_per_step'])} ms a step for the "
+        f"engine, {_shown(summary['langgraph_db_cpu_ms_per_step'])} and "
+        f"{_shown(summary['langgraph_async_db_cpu_ms_per_step'])} for "
         'LangGraph (medians). Where the time goes, and what is left: docs/architecture.md ("Performance").'
     )
     if args.celery:
