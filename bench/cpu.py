@@ -39,3 +39,27 @@ def database_cpu_s(connection: Any) -> float | None:
         return total / ticks
     except (OSError, ValueError, IndexError):
         return None
+
+
+def wal_lsn(connection: Any) -> str | None:
+    """The server's current WAL insert position (an LSN, as `0/1A2B3C4D`): two of them bound what a
+    benchmark's side wrote, in bytes (`wal_bytes`) and, on the server's machine, in records
+    (`pg_waldump --stats -s FROM -e TO` over its pg_wal). None where the server cannot say (a standby)."""
+    from django.db import DatabaseError
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
+            return str(cursor.fetchone()[0])
+    except DatabaseError:
+        return None
+
+
+def wal_bytes(start: str, end: str) -> int:
+    """The bytes of WAL between two LSNs."""
+
+    def position(lsn: str) -> int:
+        high, low = lsn.split("/")
+        return (int(high, 16) << 32) + int(low, 16)
+
+    return position(end) - position(start)

