@@ -243,6 +243,76 @@ def _insert(planned: Planned, *, seal: bool = False) -> bool:
     return True
 
 
+# An event appended on whatever head its chain has when the statement runs: `g0` locks the head (read
+# after any append that committed while it waited), `g` moves it with the hash made by the server
+# (sha256 over the head's hash and the event's canonical content, the server putting in its seq), and
+# `ge` inserts the event. No process has to know the head: for the global chain, which every process
+# appends to (a guess of its head is mostly wrong when several processes end runs). `{guard}`: a
+# further condition of the head's lock (the statement it is part of writes only if it holds).
+_ON_SERVER = (
+    "g0 AS (SELECT seq, hash FROM {head} WHERE chain = %s AND NOT sealed{guard} FOR UPDATE), "
+    "g AS (UPDATE {head} c SET seq = g0.seq + 1, "
+    "hash = encode(sha256(convert_to(g0.hash || %s || (g0.seq + 1)::text || %s, 'UTF8')), 'hex'), "
+    "updated_at = %s FROM g0 WHERE c.chain = %s RETURNING c.seq, c.hash, g0.hash AS prev_hash), "
+    "ge AS (INSERT INTO {event} ({columns}) SELECT {values} FROM {row} AS r, g RETURNING id)"
+)
+_FROM_SERVER = ("seq", "prev_hash", "hash")
+
+
+@functools.lru_cache(maxsize=8)
+def on_server_text(guard: str = "") -> str:
+    """The expressions `g0`, `g`, `ge` of an append whose hash the server makes (see _ON_SERVER)."""
+    columns = [rows.quoted(f.column) for f in _EVENT_FIELDS]
+    values = [
+        f"g.{f.column}" if f.column in _FROM_SERVER else f"r.{rows.quoted(f.column)}" for f in _EVENT_FIELDS
+    ]
+    return _ON_SERVER.format(
+        head=ChainHead._meta.db_table,
+        guard=guard,
+        event=AuditEvent._meta.db_table,
+        columns=", ".join(columns),
+        values=", ".join(values),
+        row=rows.populated(AuditEvent),
+    )
+
+
+def on_server_params(chain: str, fields: dict[str, Any]) -> tuple[AuditEvent, list[Any]]:
+    """The event (without its seq and hashes, which the server makes) and the values of
+    `on_server_text`'s placeholders: its canonical content split where its seq goes."""
+    fields = _checked(dict(fields))
+    occurred_at = timezone.now()
+    content = canonical(content_of(chain=chain, seq=_SEQ, occurred_at=occurred_at, **fields)).decode()
+    # The content's last key is task_id (an id or null), after its seq: the marker's last place is the seq's.
+    before, after = content.rsplit(_SEQ_JSON, 1)
+    event = AuditEvent(chain=chain, occurred_at=occurred_at, **fields)
+    document = rows.document(
+        (f, getattr(event, f.attname)) for f in _EVENT_FIELDS if f.column not in _FROM_SERVER
+    )
+    return event, [chain, before, after, occurred_at, chain, document]
+
+
+_SEQ: Any = "\x00seq\x00"  # in the seq's place while the content is made canonical (see on_server_params)
+_SEQ_JSON = json.dumps(_SEQ)
+
+
+def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
+    """Append one event on the chain's head as it is when the statement runs, its hash made by the
+    server (see _ON_SERVER), in one statement whoever appended last; its head made first for a new chain."""
+    event, params = on_server_params(chain, fields)
+    for attempt in range(2):
+        with rows.prepared_cursor() as cursor:
+            statement = f"WITH {on_server_text()} SELECT g.seq, g.hash, g.prev_hash, ge.id FROM g, ge"  # noqa: S608
+            cursor.execute(statement, params)
+            row = cursor.fetchone()
+        if row is not None:
+            event.seq, event.hash, event.prev_hash, event.pk = row
+            event._state.adding = False
+            return event
+        if attempt == 0:
+            _lock_head(chain)  # a new chain (its head made), or a sealed one (raised below)
+    raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
+
+
 def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:
     occurred_at = timezone.now()
     seq = head_seq + 1

@@ -124,19 +124,27 @@ def event_fields(
 
 def run_chain_seal(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> AuditEvent:
     """Record a finished run's sealed chain in the global chain (in the transaction that finishes the
-    run): `last` is the run chain's last event, whose append sealed it (`event_record(seal=True)`)."""
-    return chain.append(
-        chain=GLOBAL_CHAIN,
-        actor_type=ENGINE.type,
-        actor_id=ENGINE.id,
-        actor_name=ENGINE.name,
-        action=Action.RUN_SEALED,
-        object_type=run._meta.model_name,
-        object_id=str(run.pk),
-        task_id=task_id,
-        correlation_id=None,
-        payload={"chain": last.chain, "seq": last.seq, "hash": last.hash},
+    run): `last` is the run chain's last event, whose append sealed it (`event_record(seal=True)`).
+    One statement, on the global chain's head as the server finds it (chain.append_on_server)."""
+    return chain.append_on_server(
+        chain=GLOBAL_CHAIN, **run_chain_seal_fields(run=run, task_id=task_id, last=last)
     )
+
+
+def run_chain_seal_fields(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> dict[str, Any]:
+    """The fields of a run's seal in the global chain (see run_chain_seal), for a statement that writes
+    it with the run's end (chain.on_server_text)."""
+    return {
+        "actor_type": ENGINE.type,
+        "actor_id": ENGINE.id,
+        "actor_name": ENGINE.name,
+        "action": Action.RUN_SEALED,
+        "object_type": run._meta.model_name,
+        "object_id": str(run.pk),
+        "task_id": task_id,
+        "correlation_id": None,
+        "payload": {"chain": last.chain, "seq": last.seq, "hash": last.hash},
+    }
 
 
 def record_viewed(*, request: Any, task: Any, view: str) -> AuditEvent:

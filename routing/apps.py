@@ -8,7 +8,7 @@ class RoutingConfig(AppConfig):
     def ready(self) -> None:
         from audit import policies, verify
 
-        from . import providers, record_check, rollups, telemetry
+        from . import providers, record_check, telemetry
         from .models import DataClass, Worker
         from .signals import run_finished
 
@@ -24,5 +24,3 @@ class RoutingConfig(AppConfig):
         verify.row_check_register(record_check.run_rows_problems)
         # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
         run_finished.connect(telemetry.on_run_finished, dispatch_uid="routing.telemetry")
-        # The aggregate pages' sums: the run's end leaves it waiting for a fold (routing.rollups).
-        run_finished.connect(rollups.on_run_finished, dispatch_uid="routing.rollups")

@@ -274,13 +274,22 @@ def fold_for_read() -> None:
         )
 
 
-def on_run_finished(sender: Any, run: Any, **_: Any) -> None:
-    """routing.signals.run_finished: the run waits for a fold, from the transaction that ends it; this
-    process folds after the commit if its last fold is older than ROLLUP_FOLD_EVERY_S."""
+# A finished run's row waiting for the next fold; `{gate}`: a condition of the statement it is part of.
+WAITS = (
+    "INSERT INTO routing_pendingrollup (run_id) SELECT %s WHERE true{gate} ON CONFLICT (run_id) DO NOTHING"
+)
+
+
+def run_waits(run_id: int) -> None:
+    """From the transaction that ends a run: the run waits for a fold (its row, WAITS); this process
+    folds after the commit if its last fold is older than ROLLUP_FOLD_EVERY_S."""
     with prepared_cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO routing_pendingrollup (run_id) VALUES (%s) ON CONFLICT (run_id) DO NOTHING", [run.pk]
-        )
+        cursor.execute(WAITS.format(gate=""), [run_id])
+    fold_after_commit()
+
+
+def fold_after_commit() -> None:
+    """After the commit of a run's end (its waiting row written, WAITS): fold, if due."""
     transaction.on_commit(_fold_if_due)
 
 

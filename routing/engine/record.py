@@ -24,7 +24,7 @@ from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields, event_record
 
 from .. import live, log_context
-from ..models import Run, Task, Worker
+from ..models import Run, StepStatus, Task, Worker
 from .workers import WORKERS_STAMP_SQL, workers_as_of
 
 log = logging.getLogger(__name__)
@@ -296,12 +296,7 @@ def write_once(
     claim_current(run)
     known: Fence | None = getattr(run, "_known", None)
     if known is not None:
-        guess = replace(
-            known,
-            spent=stored_usd(known.spent + cost),  # as the column keeps it, or the next guard misses
-            input_tokens=known.input_tokens + input_tokens,
-            output_tokens=known.output_tokens + output_tokens,
-        )
+        guess = guessed(known, cost, input_tokens, output_tokens)
         writes = Writes(run)
         result = stage(guess, writes)
         if guess != known:  # the cost, written with the rest only if the rest is
@@ -320,6 +315,32 @@ def write_once(
     return result
 
 
+def guessed(known: Fence, cost: Decimal, input_tokens: int, output_tokens: int) -> Fence:
+    """The run as this process last read it, with a cost added: the totals a write on it assumes, the
+    cost rounded as the column keeps it (or the next guard misses)."""
+    return replace(
+        known,
+        spent=stored_usd(known.spent + cost),
+        input_tokens=known.input_tokens + input_tokens,
+        output_tokens=known.output_tokens + output_tokens,
+    )
+
+
+def engine_event_fields(run: Run, events: list[tuple[str, Model, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The fields of the engine's events (action, object, payload) on the run's chain."""
+    return [
+        event_fields(
+            actor=ENGINE,
+            action=action,
+            obj=obj,
+            payload=payload,
+            task_id=run.task_id,
+            correlation_id=run.correlation_id,
+        )
+        for action, obj, payload in events
+    ]
+
+
 @dataclass(frozen=True)
 class Guard:
     """What a statement of `write_once` assumes of the run: its first expression `f` locks the run's
@@ -332,7 +353,7 @@ class Guard:
     status: str | None = None
 
     def params(self, run: Run) -> list[Any]:
-        """The values of `_guard_sql`'s placeholders."""
+        """The values of `guard_sql`'s placeholders."""
         return [
             run.pk,
             run.claim_epoch if self.epoch is None else self.epoch,
@@ -345,12 +366,19 @@ class Guard:
         ]
 
 
-def _guard_sql(status: bool) -> str:
-    """A Guard's expression `f` (`status`: with the run's status checked too)."""
+def guard_sql(status: bool, *, settled: bool = False) -> str:
+    """A Guard's expression `f` (`status`: with the run's status checked too; `settled`: and none of
+    its steps pending or running)."""
+    unsettled = (
+        " AND NOT EXISTS (SELECT 1 FROM routing_step s WHERE s.run_id = routing_run.id "  # noqa: S608 - constants
+        f"AND s.status IN ('{StepStatus.PENDING}', '{StepStatus.RUNNING}'))"
+        if settled
+        else ""
+    )
     return (
         "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
         f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s "
-        f"AND {WORKERS_STAMP_SQL} = %s{' AND status = %s' if status else ''} FOR UPDATE)"
+        f"AND {WORKERS_STAMP_SQL} = %s{' AND status = %s' if status else ''}{unsettled} FOR UPDATE)"
     )
 
 
@@ -398,17 +426,7 @@ class Writes:
             return True
         run = self.run
         chain = audit_chain.run_chain(run.correlation_id)
-        fields = [
-            event_fields(
-                actor=ENGINE,
-                action=action,
-                obj=obj,
-                payload=payload,
-                task_id=run.task_id,
-                correlation_id=run.correlation_id,
-            )
-            for action, obj, payload in self.events
-        ]
+        fields = engine_event_fields(run, self.events)
         planned = audit_chain.plan(chain, fields) if fields else None
         if fields and planned is None and guard is None:
             planned = audit_chain.plan(chain, fields, lock=True)
@@ -486,7 +504,7 @@ def _statement(
     ctes: list[str] = []
     gate = ""
     if guard is not None:
-        ctes.append(_guard_sql(guard))
+        ctes.append(guard_sql(guard))
         gate = "f"
     if events:
         guarded = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
@@ -535,13 +553,32 @@ def task_ended(task_id: Any, ended: dict[str, Any]) -> None:
     """The task's row when one of its runs ends, in one prepared statement: `ended` (the fields a run
     that is the task's own sets: its status, answer, score) and its totals, the sum of its runs' (so a
     run still going counts once it ends, and totals never drift from the runs they sum)."""
+    with rows.prepared_cursor() as cursor:
+        cursor.execute(task_ended_sql(tuple(ended)), [task_ended_document(ended), task_id])
+
+
+def task_ended_document(ended: dict[str, Any]) -> str:
+    """The values of `ended` (fields of the task) as `task_ended_sql`'s document parameter."""
     fields = [Task._meta.get_field(name) for name in ended]
     assert all(isinstance(f, Field) for f in fields)
-    sets = "".join(f"{rows.quoted(f.column)} = r.{rows.quoted(f.column)}, " for f in fields)  # type: ignore[union-attr]
-    with rows.prepared_cursor() as cursor:
-        cursor.execute(
-            f"UPDATE routing_task t SET {sets}(cost_usd, input_tokens, output_tokens) = "  # noqa: S608 - names, not data
-            "(SELECT sum(cost_usd), sum(input_tokens), sum(output_tokens) FROM routing_run WHERE task_id = t.id) "
-            f"FROM {rows.populated(Task)} AS r WHERE t.id = %s",
-            [rows.document(zip(fields, ended.values(), strict=True)), task_id],  # type: ignore[arg-type]
-        )
+    return rows.document(zip(fields, ended.values(), strict=True))  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=16)
+def task_ended_sql(ended: tuple[str, ...], *, run_totals: bool = False, gate: str = "") -> str:
+    """`task_ended`'s UPDATE: the fields named in `ended` from a document parameter, the totals summed
+    over the task's runs, then the task's id. `run_totals`: the ending run's totals are parameters
+    before the document (its cost, input and output tokens, then its id), added to the other runs'
+    sums (a statement that sets them on the run too does not see its own change). `gate`: a further
+    condition of the statement it is part of."""
+    columns = [rows.quoted(Task._meta.get_field(name).column) for name in ended]  # type: ignore[union-attr]
+    sets = "".join(f"{column} = r.{column}, " for column in columns)
+    sums = "sum(cost_usd), sum(input_tokens), sum(output_tokens)"
+    runs = "routing_run WHERE task_id = t.id"
+    if run_totals:
+        sums = ", ".join(f"coalesce(sum({c}), 0) + %s" for c in ("cost_usd", "input_tokens", "output_tokens"))
+        runs += " AND id <> %s"
+    return (
+        f"UPDATE routing_task t SET {sets}(cost_usd, input_tokens, output_tokens) = "  # noqa: S608 - names, not data
+        f"(SELECT {sums} FROM {runs}) FROM {rows.populated(Task)} AS r WHERE t.id = %s{gate}"
+    )

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit import chain as audit_chain
 from audit.checkpoints import checkpoint_create
@@ -604,3 +605,122 @@ def test_appends_move_a_chain_head_in_place_without_touching_its_indexes(make_us
             )
             updated, hot = cursor.fetchone()
     assert updated >= 5 and hot == updated
+
+
+# --- appends whose hash the server makes ---------------------------------------------------------
+
+
+def _on_server(i: int, payload: dict) -> dict:
+    """An event's fields for append_on_server (not a seal: verify checks that a seal's chain exists)."""
+    return {
+        "actor_type": "service",
+        "actor_id": "",
+        "actor_name": "exporter",
+        "action": "audit.exported",
+        "object_type": "user",
+        "object_id": str(i),
+        "task_id": None,
+        "correlation_id": None,
+        "payload": payload,
+    }
+
+
+@transactional
+def test_an_append_hashed_by_the_server_recomputes_and_links_whoever_appended_before(make_user):
+    """The global chain's seals are appended on the head as the server finds it, the hash made in SQL:
+    it must be exactly the hash Python makes of the same content (hostile text included: the marker the
+    seq's place is made with, quotes, escapes, characters beyond ASCII), and appends that guess the head
+    (a user's event) must still link to it."""
+    ann = make_user("ann")
+    with transaction.atomic():
+        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"i": 1})
+    # (PostgreSQL's JSON has no NUL, the marker's character: its escaped text is the nearest a payload gets)
+    hostile = {
+        "chain": 'run:"\\u0000seq\\u0000',
+        "seq": "\\u0000seq\\u0000",
+        "text": 'Ünïcode ✓ \u2028 line\nbreak \x01 "quoted" {"seq":1}',
+        "nested": {"seq": 7, "task_id": None},
+    }
+    with transaction.atomic():
+        first = audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(1, hostile))
+    with transaction.atomic():  # this process's guess of the head is the event before: it must not hold
+        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"i": 2})
+    with transaction.atomic():
+        second = audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(2, {"k": "v"}))
+
+    events = assert_chain_sound(GLOBAL_CHAIN)
+    assert [e.actor_name for e in events][-4:] == ["ann", "exporter", "ann", "exporter"]
+    stored = {e.pk: e for e in events}
+    for returned in (first, second):
+        row = stored[returned.pk]
+        assert (returned.seq, returned.hash, returned.prev_hash) == (row.seq, row.hash, row.prev_hash)
+        assert row.hash == audit_chain.digest(row.prev_hash, audit_chain.event_content(row))
+    assert stored[first.pk].payload == hostile
+    assert ChainHead.objects.get(chain=GLOBAL_CHAIN).hash == events[-1].hash
+    assert verify().intact
+
+
+@transactional
+def test_appends_hashed_by_the_server_from_many_connections_at_once_make_one_sound_chain():
+    """Four threads, each its own connection, append to the global chain at once: each append locks the
+    head it moves (read after the append it waited for), so the chain stays gap-free and every hash
+    recomputes."""
+    import threading
+
+    from django.db import connections
+
+    with transaction.atomic():  # the chain's head, made by a first append
+        audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(0, {}))
+    start, errors = threading.Barrier(4), []
+
+    def appender(n: int) -> None:
+        try:
+            start.wait()
+            for i in range(10):
+                with transaction.atomic():
+                    audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(n * 100 + i, {"n": n}))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=appender, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    events = assert_chain_sound(GLOBAL_CHAIN)
+    assert len(events) == 41
+    assert ChainHead.objects.get(chain=GLOBAL_CHAIN).seq == 41
+
+
+@transactional
+def test_a_run_ended_in_one_statement_is_sealed_into_the_global_chain_with_its_totals(live_pool, make_user):
+    """The run's end is one statement when the run is as the engine last read it: its answer, the task's
+    totals, the sealing event and the seal in the global chain land together; the record verifies, and
+    the task's totals are its runs' (a judge's cost added at the end included in the run's)."""
+    server = live_pool["server"]
+    runs = []
+    for answer in ("first", "second"):  # the first run may end the other way (no global chain yet)
+        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+        server.program("alpha", [Reply(answer)])
+        with CaptureQueriesContext(connection) as captured:
+            runs.append(run_now(submit()))
+    ended = [q["sql"] for q in captured.captured_queries if "ge AS (INSERT INTO" in q["sql"]]
+    assert len(ended) == 1 and ended[0].startswith("WITH f AS"), "the second run did not end in one statement"
+
+    for run in runs:
+        assert run.status == "succeeded"
+        name = f"run:{run.correlation_id}"
+        last = chain_events(name)[-1]
+        assert last.action == "run.succeeded" and ChainHead.objects.get(chain=name).sealed
+        assert seal_of(run).payload == {"chain": name, "seq": last.seq, "hash": last.hash}
+        assert last.payload["cost_usd"] == str(run.cost_usd)
+        task = run.task
+        task.refresh_from_db()
+        assert (task.status, task.final_answer) == ("succeeded", run.final_answer)
+        assert (task.cost_usd, task.input_tokens) == (run.cost_usd, run.input_tokens)
+    assert [r.final_answer for r in runs] == ["first", "second"]
+    assert_chain_sound(GLOBAL_CHAIN)
+    assert verify().intact

@@ -45,8 +45,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # in the plan's own statement, their ids drawn with the decision's. 17 before the three rollups became
 # one prepared statement (their expressions side by side: none reads another's rows). 15 still when the
 # rollups statement left the run's end for a fold of many runs, after it (routing.rollups.fold): the run
-# end's statement in its place writes one waiting row.
-STATEMENTS = 15
+# end's statement in its place writes one waiting row. 10 since the run's end became one statement
+# (routing.engine.finish._end_at_once: the fence, the task's end, the look for unsettled steps, the
+# sealing event, the seal in the global chain, whose hash the server makes on the head it finds, and
+# the waiting row), still in BEGIN ... COMMIT for run_finished's receivers.
+STATEMENTS = 10
 TRANSACTIONS = 8
 
 
@@ -79,31 +82,34 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     transactions = count_transactions(sql)
     assert len(sql) <= STATEMENTS, f"{len(sql)} statements (pinned: {STATEMENTS})"
     assert transactions <= TRANSACTIONS, f"{transactions} transactions (pinned: {TRANSACTIONS})"
-    # Every write but the run's end is one statement, its own transaction (the change with its events,
-    # on the run as this process last read it): the claim, the plan with its steps and the first
-    # step's start, then each step's success with the next step's start.
+    # Every write is one statement, its own transaction (the change with its events, on the run as this
+    # process last read it): the claim, the plan with its steps and the first step's start, each step's
+    # success with the next step's start, and the run's end.
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
-    assert len(one_statement) == 5, one_statement
+    assert len(one_statement) == 6, one_statement
     assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
     assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
     assert one_statement[1].count('"action": "step.started"') == 1
-    assert sql.count("BEGIN") == 1  # the run's end: its answer, score, totals, seal and rollups
     plan = sql.index(one_statement[1])
-    assert sql[plan : plan + 4] == one_statement[1:]
-    assert sql[plan + 4] == "BEGIN"  # nothing read or written between the steps
-    # The run waits for a fold of the rollups: one row, and no rollup written at its end.
-    assert [s for s in sql if "routing_pendingrollup" in s] == [
-        f"INSERT INTO routing_pendingrollup (run_id) VALUES ({run.pk}) ON CONFLICT (run_id) DO NOTHING"  # noqa: S608 - a test's expected text
-    ]
+    assert sql[plan : plan + 4] == one_statement[1:5]  # nothing read or written between the steps
+    # The run's end: its answer, score, totals, the task's, its sealing event and the seal in the global
+    # chain, and the row that leaves the run waiting for a fold of the rollups; in BEGIN ... COMMIT for
+    # the receivers of run_finished (none of which writes for a live run).
+    end = one_statement[5]
+    assert sql[plan + 4 :] == ["BEGIN", end, "COMMIT"]
+    assert '"action": "run.succeeded"' in end and '"action": "run.sealed"' in end
+    assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
+    assert [s for s in sql if "routing_pendingrollup" in s] == [end]
     assert not [s for s in sql if "routing_usagerollup" in s or "routing_runrollup" in s]
-    # The run chain is sealed by its last event's append: no statement of its own.
-    assert not [s for s in sql if s.startswith("UPDATE audit_chainhead SET sealed")]
+    # The run chain is sealed by its last event's append, the global chain's head locked and moved by
+    # the same statement: no statement of their own (the claim's read, first, reads the run chain's head).
+    assert not [s for s in sql[1:] if "audit_chainhead" in s and s not in one_statement]
 
     # The writes are prepared statements of this connection, planned once and reused (a generic plan):
     # run again, the same statements are not prepared anew, though its totals need a larger integer
     # type (integers go as bigint: a parameter's type is part of what psycopg prepared).
     prepared = _prepared()
-    assert prepared["WITH f AS"] >= 4 and prepared["INSERT INTO routing_pendingrollup"] == 1, prepared
+    assert prepared["WITH f AS"] >= 5, prepared
     server.program(
         "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
     )
@@ -119,11 +125,10 @@ def _prepared() -> dict[str, int]:
     """This connection's prepared statements: how many, how many are engine writes (WITH f AS ...)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH f AS%%'), "
-            "count(*) FILTER (WHERE statement LIKE 'INSERT INTO routing_pendingrollup%%') FROM pg_prepared_statements"
+            "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH f AS%%') FROM pg_prepared_statements"
         )
-        count, writes, pending = cursor.fetchone()
-    return {"count": count, "WITH f AS": writes, "INSERT INTO routing_pendingrollup": pending}
+        count, writes = cursor.fetchone()
+    return {"count": count, "WITH f AS": writes}
 
 
 def count_transactions(sql: list[str]) -> int:

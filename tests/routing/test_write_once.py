@@ -61,8 +61,8 @@ def test_totals_moved_by_another_writer_are_added_to_not_overwritten(live_pool):
     sql = [q["sql"] for q in captured.captured_queries]
     # The claim, and the plan with step 0's start, were one statement each; step 0's success (with step
     # 1's start) found the totals moved and was written in a fenced transaction; step 1's success, on
-    # what that fence read, one statement.
-    assert len(one_statement_writes(sql)) == 4
+    # what that fence read, one statement, and the run's end one more.
+    assert len(one_statement_writes(sql)) == 5
     steps = list(Step.objects.filter(run=run).order_by("index"))
     assert [s.status for s in steps] == [StepStatus.SUCCEEDED, StepStatus.SUCCEEDED]
     for step in steps:  # one attempt each, one event per change: nothing written twice
@@ -171,9 +171,9 @@ def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statem
     alpha = Attempt.objects.get(step__run=run, step__worker_slug="alpha")
     assert alpha.cost_usd > 0
     sql = [q["sql"] for q in captured.captured_queries]
-    # The claim, the plan with step 0's start, its success with step 1's start, step 1's success: one
-    # statement each; the run's end is the only transaction.
-    assert len(one_statement_writes(sql)) == 4
+    # The claim, the plan with step 0's start, its success with step 1's start, step 1's success and
+    # the run's end (on the totals as rounded): one statement each.
+    assert len(one_statement_writes(sql)) == 5
     assert sql.count("BEGIN") == 1
     calls = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"]
     plans = Decision.objects.filter(run=run).aggregate(c=Sum("cost_usd"))["c"]

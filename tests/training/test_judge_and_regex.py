@@ -101,6 +101,42 @@ def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
     ] == [run.task_id]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(judge_worker):
+    """The second judged run ends in one statement (the global chain has a head by then): the judge's
+    event, then the sealing event, the judge's cost in the run's totals, the task's and the seal's."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from audit.models import GLOBAL_CHAIN
+    from audit.verify import verify
+
+    judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
+    judged_run()
+    judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
+    with CaptureQueriesContext(connection) as captured:
+        run = judged_run()
+    (end,) = [q["sql"] for q in captured.captured_queries if "ge AS (INSERT INTO" in q["sql"]]
+    assert end.startswith("WITH f AS") and '"action": "score.judged"' in end
+
+    events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
+    assert [e.action for e in events[-2:]] == ["score.judged", "run.succeeded"]
+    judge_cost = Decimal(300) * 1 / 1_000_000 + Decimal(2) * 2 / 1_000_000
+    attempts = sum(a.cost_usd for a in Attempt.objects.filter(step__run=run))
+    decisions = sum(d.cost_usd for d in Decision.objects.filter(run=run))
+    assert run.score == 1.0 and run.cost_usd == attempts + decisions + judge_cost
+    assert Decimal(events[-1].payload["cost_usd"]) == run.cost_usd
+    task = Task.objects.get(pk=run.task_id)
+    assert (task.cost_usd, task.input_tokens, task.output_tokens) == (
+        run.cost_usd,
+        run.input_tokens,
+        run.output_tokens,
+    )
+    seal = AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", object_id=str(run.pk))
+    assert seal.payload["hash"] == events[-1].hash
+    assert verify().intact
+
+
 def test_a_judge_not_cleared_for_the_data_is_not_asked(judge_worker):
     PolicyRule.objects.create(
         name="no-acme-confidential",
