@@ -198,9 +198,10 @@ def _end_at_once(
         if row[-1]:  # the run was as assumed: its chain's head had moved (read under its lock next time)
             audit_chain.forget(chain)
         return False
-    ids = list(row[1 : 1 + len(planned.events)])
-    audit_chain.appended(planned, ids, sealed=True)
     sealed.pk, sealed.seq, sealed.hash, sealed.prev_hash = row[1 + len(planned.events) : -1]
+    if sealed.pk is None:  # the global chain's head was checked by `h`: the transaction rolls back
+        raise RuntimeError(f"run {run.pk}: its seal was not appended to the global chain")
+    audit_chain.appended(planned, list(row[1 : 1 + len(planned.events)]), sealed=True)
     run._known = guess  # type: ignore[attr-defined]
     announce(run, *planned.events)
     rollups.fold_after_commit()
