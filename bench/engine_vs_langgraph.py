@@ -364,7 +364,7 @@ def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict
 
 Command: `python -m bench.engine_vs_langgraph --celery --tasks {args.tasks} --rounds {args.rounds}` on
 {summary["machine"]}, embedded PostgreSQL and Redis. The engine's runs are submitted and executed by a
-real Celery worker with one process (submission, broker and pickup included); LangGraph runs in the
+real Celery worker with one process (the runs' messages, the broker and the pickup timed; the tasks' submissions, committed before the first message goes, are not, as in one process); LangGraph runs in the
 benchmark's process as in the section above. {modes}
 
 {head}

@@ -314,6 +314,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, nargs="+", default=[20_000, 160_000])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--grpo-only", action="store_true", help="only the rollouts and the GRPO builds")
+    parser.add_argument("--builds", type=int, default=1, help="builds of each batch (the first is recorded)")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     if args.grpo_only and args.write:
@@ -327,6 +328,8 @@ def main() -> None:
     for n in args.samples:
         batch_id = rollouts(version, items=args.items, k=args.k, samples=n)
         builds.append(grpo(batch_id, f"bench-{n}"))
+        for again in range(1, args.builds):  # the same batch built again: how much a build varies
+            grpo(batch_id, f"bench-{n}-again-{again}")
     exported = [] if args.grpo_only else export(args.events)
 
     if args.write:
