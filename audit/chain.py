@@ -307,6 +307,7 @@ def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
         if row is not None:
             event.seq, event.hash, event.prev_hash, event.pk = row
             event._state.adding = False
+            _remember(chain, event.seq, event.hash)  # for an `append` of this process after it
             return event
         if attempt == 0:
             _lock_head(chain)  # a new chain (its head made), or a sealed one (raised below)

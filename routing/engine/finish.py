@@ -179,6 +179,7 @@ def _end_at_once(
     run_fields = [Run._meta.get_field(name) for name in values]
     params = [
         *Guard(known).params(run),
+        run.task_id,
         *audit_chain.append_params(planned),
         *global_params,
         rows.document(zip(run_fields, values.values(), strict=True)),  # type: ignore[arg-type]
@@ -202,6 +203,7 @@ def _end_at_once(
     if sealed.pk is None:  # the global chain's head was checked by `h`: the transaction rolls back
         raise RuntimeError(f"run {run.pk}: its seal was not appended to the global chain")
     audit_chain.appended(planned, list(row[1 : 1 + len(planned.events)]), sealed=True)
+    audit_chain.guess(GLOBAL_CHAIN, sealed.seq, sealed.hash)  # for this process's next append to it
     run._known = guess  # type: ignore[attr-defined]
     announce(run, *planned.events)
     rollups.fold_after_commit()
@@ -212,14 +214,18 @@ def _end_at_once(
 def _end_sql(events: int, run_columns: tuple[str, ...], ended: tuple[str, ...]) -> str:
     """The text of `_end_at_once`'s statement for this many events, these columns of the run set and
     these of the task (names only: made once per shape). Everything is written only if `h` moved the
-    run chain's head, which it does only if `f` (the guard, with every step settled) holds and the
-    global chain has a head (so `g` moves it too)."""
+    run chain's head, which it does only if `f` (the guard, with every step settled) holds, `ft`
+    locked the task's row, and the global chain has a head (so `g` moves it too)."""
     has_global = (
         f" AND EXISTS (SELECT 1 FROM {ChainHead._meta.db_table} gh "  # noqa: S608 - names and a constant
         f"WHERE gh.chain = '{GLOBAL_CHAIN}' AND NOT gh.sealed)"
     )
     ctes = [guard_sql(False, settled=True)]
-    ctes += audit_chain.append_text(events, guard=f" AND EXISTS (SELECT 1 FROM f){has_global}", seal=True)  # noqa: S608
+    # The task's row is locked next, before the global chain's head: every end of a run (fail_run's
+    # and the fenced one's too) locks its run, then its task, then the global head (a run's own chain
+    # is its alone), so two runs of a task ending at once wait for each other, never deadlock.
+    ctes.append("ft AS (SELECT 1 FROM routing_task WHERE id = %s AND EXISTS (SELECT 1 FROM f) FOR UPDATE)")
+    ctes += audit_chain.append_text(events, guard=f" AND EXISTS (SELECT 1 FROM ft){has_global}", seal=True)  # noqa: S608
     gate = " AND EXISTS (SELECT 1 FROM h)"
     ctes.append(audit_chain.on_server_text(guard=gate))
     columns = [rows.quoted(Run._meta.get_field(name).column) for name in run_columns]  # type: ignore[union-attr]

@@ -352,3 +352,31 @@ def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep
     rows = compliance.vendor_exposure(since=None, until=None)
     assert sum(r["steps"] for r in rows) == _calls_made().count() > 0
     assert not PendingRollup.objects.exists()
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_a_run_that_ends_either_way_waits_for_the_fold_once_and_is_folded(
+    live_pool, no_fold_after_runs, outcome
+):
+    """The run's end leaves exactly one waiting row, whichever way it ends (one statement for a run
+    that succeeded on what the engine last read; fail_run's transaction for one that failed), and the
+    next fold adds it to the rollups and takes the row out."""
+    from routing.models import Grain, PendingRollup, RunRollup
+    from tests.openai_server import plan_json
+    from tests.routing.test_engine import run_now, submit
+
+    server = live_pool["server"]
+    if outcome == "succeeded":
+        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+        server.program("alpha", [Reply("done")])
+    else:
+        server.program("conductor", [Reply("{not json")])
+    run = run_now(submit())
+    assert run.status == outcome
+    assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
+
+    rollups.fold()
+    assert not PendingRollup.objects.exists()
+    for grain in (Grain.HOUR, Grain.DAY):  # counted once in each
+        folded = RunRollup.objects.filter(grain=grain, status=outcome).aggregate(runs=Sum("runs"))["runs"]
+        assert folded == 1, grain

@@ -178,3 +178,57 @@ def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statem
     calls = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"]
     plans = Decision.objects.filter(run=run).aggregate(c=Sum("cost_usd"))["c"]
     assert run.cost_usd == calls + plans
+
+
+def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_global_chain(live_pool):
+    """The run's end locks its task's row before the global chain's head, as fail_run and the fenced
+    end do: two runs of one task ending at once (a live run and its shadow, a rollout's samples) then
+    wait for each other, where locking them the other way round deadlocks. Here another transaction
+    holds the global head; the ending run, waiting for it, already holds its task's row."""
+    import threading
+
+    import psycopg
+    from django.db import connections
+
+    from audit.models import GLOBAL_CHAIN
+
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))] * 2)
+    server.program("alpha", [Reply("draft")] * 2)
+    run_now(submit())  # the global chain's first seal: its head exists, so the next run ends at once
+    run = submit()
+    probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    outcome: list[BaseException | None] = []
+
+    def execute() -> None:
+        try:
+            engine.execute_run(run.pk)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=execute)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM audit_chainhead WHERE chain = %s FOR UPDATE", [GLOBAL_CHAIN])
+            thread.start()
+            for _ in range(500):  # until the run's end waits for the global head
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE 'WITH f AS%%'"  # the one write that waits for the global head
+                ).fetchone()[0]
+                if waiting:
+                    break
+                thread.join(0.02)
+            assert waiting, "the run's end never waited for the global chain's head"
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                probe.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE NOWAIT", [run.task_id])
+    finally:
+        thread.join(30)
+        probe.close()
+    assert outcome == [None], outcome
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert verify().intact
