@@ -187,6 +187,16 @@ def completion_body(model: str, reply: Reply) -> dict[str, Any]:
     }
 
 
+def program_one_step_run(server: Any, outcome: str) -> None:
+    """The conductor and worker alpha programmed for a run that ends `outcome`: "succeeded" (a plan of
+    one step, answered) or "failed" (the conductor's plan is not JSON)."""
+    if outcome == "succeeded":
+        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+        server.program("alpha", [Reply("done")])
+    else:
+        server.program("conductor", [Reply("{not json")])
+
+
 def plan_json(*steps: tuple[str, str, Any], thought: str = "test plan") -> str:
     return json.dumps(
         {"thought": thought, "steps": [{"worker": w, "instruction": i, "access": a} for w, i, a in steps]}

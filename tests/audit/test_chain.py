@@ -23,7 +23,7 @@ from audit.models import GLOBAL_CHAIN, AuditEvent, ChainHead, Checkpoint
 from audit.services import Actor, event_record, legal_hold_place
 from audit.verify import verify
 from tests.audit.support import audit_verify, expected_hash, run_now, sql, submit, triggers_off
-from tests.openai_server import Reply, plan_json
+from tests.openai_server import Reply, plan_json, program_one_step_run
 
 GENESIS = "0" * 64
 transactional = pytest.mark.django_db(transaction=True)
@@ -91,12 +91,7 @@ def test_run_events_go_to_the_run_chain_human_actions_to_global_and_every_hash_r
 @transactional
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])
 def test_a_finished_run_chain_is_sealed_into_the_global_chain_and_refuses_more_events(live_pool, outcome):
-    server = live_pool["server"]
-    if outcome == "succeeded":
-        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
-        server.program("alpha", [Reply("done")])
-    else:
-        server.program("conductor", [Reply("{not json")])
+    program_one_step_run(live_pool["server"], outcome)
     run = run_now(submit())
     assert run.status == outcome
 

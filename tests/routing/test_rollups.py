@@ -362,15 +362,10 @@ def test_a_run_that_ends_either_way_waits_for_the_fold_once_and_is_folded(
     that succeeded on what the engine last read; fail_run's transaction for one that failed), and the
     next fold adds it to the rollups and takes the row out."""
     from routing.models import Grain, PendingRollup, RunRollup
-    from tests.openai_server import plan_json
+    from tests.openai_server import program_one_step_run
     from tests.routing.test_engine import run_now, submit
 
-    server = live_pool["server"]
-    if outcome == "succeeded":
-        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
-        server.program("alpha", [Reply("done")])
-    else:
-        server.program("conductor", [Reply("{not json")])
+    program_one_step_run(live_pool["server"], outcome)
     run = run_now(submit())
     assert run.status == outcome
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
