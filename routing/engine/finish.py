@@ -18,7 +18,6 @@ from audit import chain as audit_chain
 from audit import rows
 from audit.actions import Action
 from audit.models import GLOBAL_CHAIN, ChainHead
-from audit.rows import prepared_cursor
 from audit.services import run_chain_seal, run_chain_seal_fields
 
 from .. import rollups
@@ -117,13 +116,7 @@ def finish_run(run: Run, *, last: Step) -> None:
                 output_tokens=cost.output_tokens,
                 sets=sets,
             ) as fence_read:
-                *before, (action, obj, payload) = events(
-                    {
-                        "cost_usd": fence_read.spent,
-                        "input_tokens": fence_read.input_tokens,
-                        "output_tokens": fence_read.output_tokens,
-                    }
-                )
+                *before, (action, obj, payload) = events(fence_read.totals())
                 for each in before:
                     record_event(run, *each)
                 task_ended(task.pk, ended)
@@ -162,11 +155,7 @@ def _end_at_once(
     if known is None:
         return False
     guess = guessed(known, cost.usd, cost.input_tokens, cost.output_tokens)
-    totals = {
-        "cost_usd": guess.spent,
-        "input_tokens": guess.input_tokens,
-        "output_tokens": guess.output_tokens,
-    }
+    totals = guess.totals()
     chain = audit_chain.run_chain(run.correlation_id)
     fields = engine_event_fields(run, events(totals))
     planned = audit_chain.plan(chain, fields)
@@ -277,7 +266,7 @@ def _settle_steps(run: Run, now: Any, *, reason: str) -> None:
     started is skipped; one left running (an unexpected error stopped the run mid-step) failed. Each
     change is an engine event, like any other change of a step's state.
     """
-    with prepared_cursor() as cursor:  # mostly none: a prepared look before the ORM's query
+    with rows.prepared_cursor() as cursor:  # mostly none: a prepared look before the ORM's query
         cursor.execute(
             "SELECT EXISTS (SELECT 1 FROM routing_step WHERE run_id = %s AND status IN (%s, %s))",
             [run.pk, StepStatus.PENDING, StepStatus.RUNNING],

@@ -60,6 +60,14 @@ class Fence:
     rules_stamp: str  # the policy rules' stamp, when asked for (audit.policies.rules_as_of)
     workers_stamp: str = ""  # the workers' stamp, with the rules' (engine.workers.workers_as_of)
 
+    def totals(self) -> dict[str, Any]:
+        """The run's totals as its columns name them (cost_usd, input_tokens, output_tokens)."""
+        return {
+            "cost_usd": self.spent,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+        }
+
 
 @contextmanager
 def fenced_write(
@@ -300,9 +308,7 @@ def write_once(
         writes = Writes(run)
         result = stage(guess, writes)
         if guess != known:  # the cost, written with the rest only if the rest is
-            writes.update(
-                run, cost_usd=guess.spent, input_tokens=guess.input_tokens, output_tokens=guess.output_tokens
-            )
+            writes.update(run, **guess.totals())
         if writes.execute(guard=Guard(known)):
             run._known = guess  # type: ignore[attr-defined]
             return result
