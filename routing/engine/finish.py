@@ -213,8 +213,15 @@ def _end_sql(events: int, run_columns: tuple[str, ...], ended: tuple[str, ...]) 
     # The task's row is locked next, before the global chain's head: every end of a run (fail_run's
     # and the fenced one's too) locks its run, then its task, then the global head (a run's own chain
     # is its alone), so two runs of a task ending at once wait for each other, never deadlock.
-    ctes.append("ft AS (SELECT 1 FROM routing_task WHERE id = %s AND EXISTS (SELECT 1 FROM f) FOR UPDATE)")
-    ctes += audit_chain.append_text(events, guard=f" AND EXISTS (SELECT 1 FROM ft){has_global}", seal=True)  # noqa: S608
+    # The task's totals are summed over its runs as this statement found them when it began: if the
+    # row it locked is not the version it began with (another run of the task ended meanwhile, its
+    # cost perhaps added at its end), nothing is written and the fenced end, holding the row, sums
+    # the runs again in statements that begin after that end.
+    ctes.append(
+        "ft AS (SELECT id, xmin FROM routing_task WHERE id = %s AND EXISTS (SELECT 1 FROM f) FOR UPDATE)"
+    )
+    unmoved = " AND EXISTS (SELECT 1 FROM ft JOIN routing_task s ON s.id = ft.id AND s.xmin = ft.xmin)"
+    ctes += audit_chain.append_text(events, guard=f"{unmoved}{has_global}", seal=True)
     gate = " AND EXISTS (SELECT 1 FROM h)"
     ctes.append(audit_chain.on_server_text(guard=gate))
     columns = [rows.quoted(Run._meta.get_field(name).column) for name in run_columns]  # type: ignore[union-attr]

@@ -556,10 +556,14 @@ def add_cost(run: Run, *, cost: Decimal, input_tokens: int, output_tokens: int) 
 
 
 def task_ended(task_id: Any, ended: dict[str, Any]) -> None:
-    """The task's row when one of its runs ends, in one prepared statement: `ended` (the fields a run
-    that is the task's own sets: its status, answer, score) and its totals, the sum of its runs' (so a
-    run still going counts once it ends, and totals never drift from the runs they sum)."""
+    """The task's row when one of its runs ends: `ended` (the fields a run that is the task's own sets:
+    its status, answer, score) and its totals, the sum of its runs' (so a run still going counts once
+    it ends, and totals never drift from the runs they sum). The row is locked first, in a statement
+    of its own: the sums are then read after any other run's end that held it has committed. (An UPDATE
+    that waits for the row reads the runs as they were when it began, and would write the task's totals
+    without that run's end.)"""
     with rows.prepared_cursor() as cursor:
+        cursor.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE", [task_id])
         cursor.execute(task_ended_sql(tuple(ended)), [task_ended_document(ended), task_id])
 
 

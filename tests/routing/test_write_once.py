@@ -4,10 +4,12 @@ statement is written and the change is made again in a fenced transaction, on wh
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal
 
+import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
@@ -31,6 +33,36 @@ def two_steps(server, alpha) -> None:
 
 def one_statement_writes(sql: list[str]) -> list[str]:
     return [s for s in sql if s.startswith("WITH f AS")]
+
+
+def executed_in_thread(run: Run) -> tuple[threading.Thread, list[BaseException | None]]:
+    """A thread (not started) that executes the run on a connection of its own, and the list that
+    gets what it raised, or None."""
+    outcome: list[BaseException | None] = []
+
+    def execute() -> None:
+        try:
+            engine.execute_run(run.pk)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    return threading.Thread(target=execute), outcome
+
+
+def waits_for_a_lock(probe: psycopg.Connection, thread: threading.Thread, query: str = "%") -> bool:
+    """Whether a statement like `query` comes to wait for a lock while `thread` runs (10 s at most)."""
+    for _ in range(500):
+        if probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database() AND query LIKE %s",
+            [query],
+        ).fetchone()[0]:
+            return True
+        thread.join(0.02)
+    return False
 
 
 def test_totals_moved_by_another_writer_are_added_to_not_overwritten(live_pool):
@@ -185,11 +217,6 @@ def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_gl
     end do: two runs of one task ending at once (a live run and its shadow, a rollout's samples) then
     wait for each other, where locking them the other way round deadlocks. Here another transaction
     holds the global head; the ending run, waiting for it, already holds its task's row."""
-    import threading
-
-    import psycopg
-    from django.db import connections
-
     from audit.models import GLOBAL_CHAIN
 
     server = live_pool["server"]
@@ -198,31 +225,15 @@ def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_gl
     run_now(submit())  # the global chain's first seal: its head exists, so the next run ends at once
     run = submit()
     probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
-    outcome: list[BaseException | None] = []
-
-    def execute() -> None:
-        try:
-            engine.execute_run(run.pk)
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
-            outcome.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=execute)
+    thread, outcome = executed_in_thread(run)
     try:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute("SELECT 1 FROM audit_chainhead WHERE chain = %s FOR UPDATE", [GLOBAL_CHAIN])
             thread.start()
-            for _ in range(500):  # until the run's end waits for the global head
-                waiting = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE 'WITH f AS%%'"  # the one write that waits for the global head
-                ).fetchone()[0]
-                if waiting:
-                    break
-                thread.join(0.02)
-            assert waiting, "the run's end never waited for the global chain's head"
+            # the one write that waits for the global head
+            assert waits_for_a_lock(probe, thread, "WITH f AS%"), (
+                "the run's end never waited for the global head"
+            )
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 probe.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE NOWAIT", [run.task_id])
     finally:
@@ -232,3 +243,70 @@ def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_gl
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert verify().intact
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["one statement", "fenced"])
+def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its_totals(
+    live_pool, monkeypatch, at_once
+):
+    """Two runs of one task end at once (a live run and a retry, a rollout's samples): the second end
+    waits for the task's row while the first commits, having read the runs' totals before. It must
+    not write the task's totals from that read: the sibling's cost (here added at its end, as a judge's
+    is) is in the task's totals, which are the sum of its runs'. Both ways a run ends: in one
+    statement, and in the fenced transaction (whose task update waited for the row too)."""
+    from routing.engine import finish
+
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))] * 2)
+    server.program("alpha", [Reply("draft", prompt_tokens=100, completion_tokens=10)] * 2)
+    run_now(submit())  # the global chain's first seal: its head exists, so the next run may end at once
+    run = submit()
+    sibling = Run.objects.create(
+        task_id=run.task_id,
+        conductor_version=run.conductor_version,
+        kind=Run.Kind.RETRY,
+        status=RunStatus.RUNNING,
+    )
+    at_end, locked = threading.Event(), threading.Event()
+    original = finish._end_at_once
+
+    def end_at_once(*args, **kwargs):
+        at_end.set()
+        assert locked.wait(30)
+        return original(*args, **kwargs) if at_once else False
+
+    monkeypatch.setattr(finish, "_end_at_once", end_at_once)
+    probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    thread, outcome = executed_in_thread(run)
+    thread.start()
+    try:
+        assert at_end.wait(30), outcome
+        with transaction.atomic(), connection.cursor() as cursor:  # the sibling's end
+            cursor.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE", [run.task_id])
+            locked.set()
+            assert waits_for_a_lock(probe, thread), "the run's end never waited for the task's row"
+            Run.objects.filter(pk=sibling.pk).update(
+                status=RunStatus.SUCCEEDED, cost_usd=Decimal("0.2500000000"), input_tokens=40, output_tokens=4
+            )
+            cursor.execute(
+                "UPDATE routing_task t SET cost_usd = (SELECT sum(cost_usd) FROM routing_run WHERE task_id = t.id) "
+                "WHERE id = %s",
+                [run.task_id],
+            )
+    finally:
+        locked.set()
+        thread.join(30)
+        probe.close()
+    assert outcome == [None], outcome
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    task = run.task
+    task.refresh_from_db()
+    runs = Run.objects.filter(task_id=task.pk).aggregate(
+        c=Sum("cost_usd"), i=Sum("input_tokens"), o=Sum("output_tokens")
+    )
+    assert runs["c"] == run.cost_usd + Decimal("0.25")
+    assert (task.cost_usd, task.input_tokens, task.output_tokens) == (runs["c"], runs["i"], runs["o"])
+    # the ending run's chain and the global chain verify; the sibling, forged here outside the
+    # engine, is all that verification finds wrong
+    assert {p.chain for p in verify().problems} == {f"run:{sibling.correlation_id}"}
