@@ -149,7 +149,8 @@ def _end_at_once(
     run's columns and totals (`sets`, this cost added), the task's (`ended` and its totals), the events
     (the last sealing the run's chain), the seal in the global chain (on its head as the server finds
     it: audit.chain.on_server_text) and the row that leaves the run waiting for a fold. False, with
-    nothing written, when any of it does not hold (the caller then ends the run in a fenced transaction)."""
+    nothing written, when any of it does not hold, or when the task's row it locked is not the version
+    it began with (the caller then ends the run in a fenced transaction)."""
     claim_current(run)
     known: Fence | None = getattr(run, "_known", None)
     if known is None:
@@ -185,7 +186,9 @@ def _end_at_once(
         cursor.execute(_end_sql(len(planned.events), tuple(values), tuple(ended)), params)
         row = cursor.fetchone()
     if not row[0]:
-        if row[-1]:  # the run was as assumed: its chain's head had moved (read under its lock next time)
+        # The run was as assumed: its chain's head had moved, or the task's row had (another run's end:
+        # the head was right, and the fenced end reads it under its lock once more).
+        if row[-1]:
             audit_chain.forget(chain)
         return False
     sealed.pk, sealed.seq, sealed.hash, sealed.prev_hash = row[1 + len(planned.events) : -1]

@@ -52,13 +52,17 @@ def executed_in_thread(run: Run) -> tuple[threading.Thread, list[BaseException |
     return threading.Thread(target=execute), outcome
 
 
-def waits_for_a_lock(probe: psycopg.Connection, thread: threading.Thread, query: str = "%") -> bool:
-    """Whether a statement like `query` comes to wait for a lock while `thread` runs (10 s at most)."""
+def waits_for_a_lock(
+    probe: psycopg.Connection, thread: threading.Thread, query: str, blocker: int | None = None
+) -> bool:
+    """Whether a statement like `query` comes to wait for a lock while `thread` runs (10 s at most):
+    one that the backend `blocker` holds, if given."""
     for _ in range(500):
         if probe.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database() AND query LIKE %s",
-            [query],
+            "AND datname = current_database() AND query LIKE %s "
+            "AND (%s::int IS NULL OR %s::int = ANY (pg_blocking_pids(pid)))",
+            [query, blocker, blocker],
         ).fetchone()[0]:
             return True
         thread.join(0.02)
@@ -283,8 +287,15 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
         assert at_end.wait(30), outcome
         with transaction.atomic(), connection.cursor() as cursor:  # the sibling's end
             cursor.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE", [run.task_id])
+            cursor.execute("SELECT pg_backend_pid()")
+            holder = cursor.fetchone()[0]
             locked.set()
-            assert waits_for_a_lock(probe, thread), "the run's end never waited for the task's row"
+            # the end's own statement waits for the row this transaction holds: the one statement, or
+            # a statement of the fenced end on the task's row
+            waiting = "WITH f AS%" if at_once else "%routing_task%"
+            assert waits_for_a_lock(probe, thread, waiting, holder), (
+                "the run's end never waited for the task's row"
+            )
             Run.objects.filter(pk=sibling.pk).update(
                 status=RunStatus.SUCCEEDED, cost_usd=Decimal("0.2500000000"), input_tokens=40, output_tokens=4
             )
