@@ -8,17 +8,21 @@ from django.db.models import Exists
 from django.dispatch import receiver
 
 from routing.models import Run, RunStatus, Task
-from routing.signals import run_finished
+from routing.signals import run_finished, writes_at_end
 
 from .models import Evaluation, EvaluationRun, Rollout, RolloutBatch
 from .services import evaluation_refresh, rollout_batch_refresh
+
+# The runs of training's items (rollouts, evaluations) end in one transaction with what settles them.
+ITEM_RUNS = (Run.Kind.ROLLOUT, Run.Kind.EVALUATION)
+writes_at_end(*ITEM_RUNS)
 
 
 @receiver(run_finished, sender=Run, dispatch_uid="training.settle_item_task")
 def settle_item_task(sender: Any, *, run: Run, now: Any, **kwargs: Any) -> None:
     """A training item's task (rollouts, evaluations; no live run) is done when its last run ends.
     Inside the transaction that ends the run."""
-    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY, Run.Kind.SHADOW):
+    if run.kind not in ITEM_RUNS:
         return
     # The task row is locked first: two runs ending at once each see the other finished, in turn.
     Task.objects.select_for_update().filter(pk=run.task_id).values_list("pk", flat=True).first()

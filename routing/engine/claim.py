@@ -32,6 +32,7 @@ from .. import log_context
 from ..models import (
     Attempt,
     ConductorVersion,
+    Decision,
     Run,
     RunStatus,
     Step,
@@ -322,16 +323,26 @@ def _first_delivery(run_id: int) -> Run | None:
         at += width
     run: Run = read[0]
     run.task, run.conductor_version = read[1:]
-    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash = row[at:]  # type: ignore[attr-defined]
+    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash, decision_id, step_ids = row[at:]  # type: ignore[attr-defined]
+    run.ids_ahead = (int(decision_id), [int(i) for i in step_ids])  # type: ignore[attr-defined]
     return run
+
+
+# The ids a first plan's rows take, drawn with the claim's read (record.next_ids says why they are
+# drawn first): its decision's, and its steps', as many as the task allows up to this many (a plan of
+# more steps, a plan asked again, a nested plan draw theirs when they are recorded).
+IDS_AHEAD = 8
 
 
 @functools.cache
 def _first_delivery_sql() -> str:
+    drawn = "nextval(pg_get_serial_sequence('{table}', 'id'))"
     return (
         f"SELECT {rows.columns(Run, 'run_')}, {rows.columns(Task, 'task_')}, "  # noqa: S608 - names, not data
         f"{rows.columns(ConductorVersion, 'version_')}, {policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}, "
-        "head.seq, head.hash FROM routing_run run_ "
+        f"head.seq, head.hash, {drawn.format(table=Decision._meta.db_table)}, "
+        f"ARRAY(SELECT {drawn.format(table=Step._meta.db_table)} "
+        f"FROM generate_series(1, LEAST(task_.max_steps, {IDS_AHEAD}))) FROM routing_run run_ "
         "JOIN routing_task task_ ON task_.id = run_.task_id "
         "JOIN routing_conductorversion version_ ON version_.id = run_.conductor_version_id "
         f"LEFT JOIN {ChainHead._meta.db_table} head ON head.chain = 'run:' || run_.correlation_id::text "

@@ -30,7 +30,7 @@ from ..models import (
 )
 from ..scoring import scorers
 from ..scoring.judge import judge
-from ..signals import run_finished
+from ..signals import run_finished, written_at_end
 from .record import (
     Fence,
     Guard,
@@ -107,8 +107,14 @@ def finish_run(run: Run, *, last: Step) -> None:
         staged.append((Action.RUN_SUCCEEDED, run, payload))
         return staged
 
+    # Nothing written for this kind of run at its end but the end itself: one statement, its own
+    # transaction, and run_finished's receivers after its commit.
+    alone = not written_at_end(run.kind)
+    if alone and _end_at_once(run, cost, sets=sets, ended=ended, events=events):
+        run_finished.send(sender=Run, run=run, now=now)
+        return
     with transaction.atomic():  # the receivers of run_finished write in it too
-        if not _end_at_once(run, cost, sets=sets, ended=ended, events=events):
+        if alone or not _end_at_once(run, cost, sets=sets, ended=ended, events=events):
             with fenced(
                 run,
                 cost=cost.usd,
@@ -192,7 +198,7 @@ def _end_at_once(
             audit_chain.forget(chain)
         return False
     sealed.pk, sealed.seq, sealed.hash, sealed.prev_hash = row[1 + len(planned.events) : -1]
-    if sealed.pk is None:  # the global chain's head was checked by `h`: the transaction rolls back
+    if sealed.pk is None:  # pragma: no cover - `h` moves only where the global chain has a head to move
         raise RuntimeError(f"run {run.pk}: its seal was not appended to the global chain")
     audit_chain.appended(planned, list(row[1 : 1 + len(planned.events)]), sealed=True)
     audit_chain.guess(GLOBAL_CHAIN, sealed.seq, sealed.hash)  # for this process's next append to it
@@ -218,8 +224,9 @@ def _end_sql(events: int, run_columns: tuple[str, ...], ended: tuple[str, ...]) 
     # is its alone), so two runs of a task ending at once wait for each other, never deadlock.
     # The task's totals are summed over its runs as this statement found them when it began: if the
     # row it locked is not the version it began with (another run of the task ended meanwhile, its
-    # cost perhaps added at its end), nothing is written and the fenced end, holding the row, sums
-    # the runs again in statements that begin after that end.
+    # cost perhaps added at its end), nothing is written and the fenced end locks the row in a
+    # statement of its own (record.task_ended) and sums the runs again in statements that begin after
+    # that end.
     ctes.append(
         "ft AS (SELECT id, xmin FROM routing_task WHERE id = %s AND EXISTS (SELECT 1 FROM f) FOR UPDATE)"
     )

@@ -269,7 +269,13 @@ def _record_decision(
     by_slug = {w.slug: w for w in workers}
     # Drawn first: the plan's event names the decision, its steps point to it, and the first steps'
     # attempts and events (started in the same statement) name theirs.
-    (decision_id,), step_ids = next_ids(Decision, (Step, len(parsed.steps) if parsed is not None else 0))
+    steps_wanted = len(parsed.steps) if parsed is not None else 0
+    ahead = getattr(run, "ids_ahead", None)  # a first delivery's, drawn with its claim: used once
+    run.ids_ahead = None  # type: ignore[attr-defined]
+    if ahead is not None and parent_step is None and steps_wanted <= len(ahead[1]):
+        decision_id, step_ids = ahead[0], ahead[1][:steps_wanted]
+    else:
+        (decision_id,), step_ids = next_ids(Decision, (Step, steps_wanted))
     recorded: list[Decision] = []
 
     def stage(fenced: Fence, writes: Writes) -> None:

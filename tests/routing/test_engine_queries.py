@@ -48,9 +48,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # end's statement in its place writes one waiting row. 10 since the run's end became one statement
 # (routing.engine.finish._end_at_once: the fence, the task's end, the look for unsettled steps, the
 # sealing event, the seal in the global chain, whose hash the server makes on the head it finds, and
-# the waiting row), still in BEGIN ... COMMIT for run_finished's receivers.
-STATEMENTS = 10
-TRANSACTIONS = 8
+# the waiting row), still in BEGIN ... COMMIT for run_finished's receivers. 8 (7) since the end of a
+# run for which no receiver of run_finished writes (routing.signals.writes_at_end: a live run) is that
+# statement alone, its own transaction. 7 since the first plan's ids are drawn with the claim's read.
+STATEMENTS = 7
+TRANSACTIONS = 7
 
 
 def program(server) -> None:
@@ -93,10 +95,10 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     plan = sql.index(one_statement[1])
     assert sql[plan : plan + 4] == one_statement[1:5]  # nothing read or written between the steps
     # The run's end: its answer, score, totals, the task's, its sealing event and the seal in the global
-    # chain, and the row that leaves the run waiting for a fold of the rollups; in BEGIN ... COMMIT for
-    # the receivers of run_finished (none of which writes for a live run).
+    # chain, and the row that leaves the run waiting for a fold of the rollups: one statement, its own
+    # transaction (no receiver of run_finished writes for a live run).
     end = one_statement[5]
-    assert sql[plan + 4 :] == ["BEGIN", end, "COMMIT"]
+    assert sql[plan + 4 :] == [end]
     assert '"action": "run.succeeded"' in end and '"action": "run.sealed"' in end
     assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
     assert [s for s in sql if "routing_pendingrollup" in s] == [end]
@@ -144,3 +146,52 @@ def count_transactions(sql: list[str]) -> int:
         elif not inside:
             count += 1
     return count
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["nothing written at its end", "a receiver writes"])
+def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_writes(
+    live_pool, no_fold_after_runs, monkeypatch, written
+):
+    """A live run's end is its one statement, committed before run_finished's receivers hear of it;
+    where a receiver writes for the run's kind (routing.signals.writes_at_end), the end and the
+    receivers are one transaction, and a receiver that fails takes the end back with it."""
+    from routing import signals
+    from routing.engine import finish
+
+    monkeypatch.setattr(signals, "_WRITTEN_AT_END", {Run.Kind.LIVE} if written else set())
+    server = live_pool["server"]
+    program(server)
+    engine.execute_run(submit("warm up").pk)  # the global chain's head made (a first end makes it)
+    program(server)
+    run = submit("Three steps")
+    heard: list[tuple[bool, str]] = []
+
+    def receiver(sender, *, run, **kwargs):
+        # What another connection sees of the run when the receiver hears of its end.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+            in_transaction = cursor.fetchone()[0]
+        heard.append((connection.in_atomic_block and in_transaction, Run.objects.get(pk=run.pk).status))
+        raise RuntimeError("the receiver failed")
+
+    signals.run_finished.connect(receiver, sender=Run, dispatch_uid="test.receiver")
+    try:
+        with pytest.raises(RuntimeError, match="the receiver failed"):
+            claimed, last = _ready_to_finish(run)
+            finish.finish_run(claimed, last=last)
+    finally:
+        signals.run_finished.disconnect(sender=Run, dispatch_uid="test.receiver")
+    run.refresh_from_db()
+    # The receiver heard of the end inside its transaction (the end's writes not yet committed) or
+    # after the end's own commit; a failing receiver takes the end back only in the first case.
+    assert heard == [(written, RunStatus.SUCCEEDED)]
+    assert run.status == (RunStatus.RUNNING if written else RunStatus.SUCCEEDED)
+
+
+def _ready_to_finish(run: Run) -> tuple[Run, object]:
+    """The run claimed and its plan executed by the engine, its end left to the test."""
+    from routing.engine import claim, planning, schedule
+
+    claimed = claim.claim_run(run.pk)
+    decision = planning.ensure_plan(claimed, parent_step=None, depth=0)
+    return claimed, schedule.execute_plan(claimed, decision)
