@@ -216,15 +216,21 @@ def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Conne
     params.pop("context", None)
     lock_conn = LOCK_CONNECTIONS.take(params)
     try:
-        acquired = _call(lock_conn, "pg_try_advisory_lock", namespace, key)
+        acquired = _try_lock(lock_conn, namespace, key)
     except psycopg.OperationalError:  # a kept connection the server ended meanwhile: a new one
         lock_conn = LOCK_CONNECTIONS.take(params, fresh=True)
-        acquired = _call(lock_conn, "pg_try_advisory_lock", namespace, key)
+        acquired = _try_lock(lock_conn, namespace, key)
     released = not acquired
     try:
         yield lock_conn if acquired else None
     finally:
-        if acquired and not lock_conn.closed:
+        if acquired and not lock_conn.closed and getattr(lock_conn, "_release_later", False):
+            # What it guarded is over for good (release_later): let go with the next lock the
+            # connection takes, or with the connection; no round trip of its own.
+            lock_conn._release_later = False  # type: ignore[attr-defined]
+            lock_conn._pending_unlock = (namespace, key)  # type: ignore[attr-defined]
+            released = True
+        elif acquired and not lock_conn.closed:
             with contextlib.suppress(psycopg.Error):  # a dead connection took the lock with it
                 released = _call(lock_conn, "pg_advisory_unlock", namespace, key)
         if released and not lock_conn.closed:
@@ -232,6 +238,25 @@ def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Conne
         else:
             with contextlib.suppress(psycopg.Error):
                 lock_conn.close()
+
+
+def release_later(lock_conn: psycopg.Connection) -> None:
+    """The lock held on `lock_conn` (advisory_lock_connection's) is let go with the next lock taken
+    on the connection, in that statement, or with the connection, rather than in a round trip of
+    its own: for a lock whose object nobody needs again (a run that ended: another delivery of it
+    finds it ended, and no process looks for ended runs' locks)."""
+    lock_conn._release_later = True  # type: ignore[attr-defined]
+
+
+def _try_lock(conn: psycopg.Connection, namespace: int, key: int) -> bool:
+    pending = getattr(conn, "_pending_unlock", None)
+    if pending is None:
+        return _call(conn, "pg_try_advisory_lock", namespace, key)
+    conn._pending_unlock = None  # type: ignore[attr-defined]  # let go in this statement, or with the connection
+    row = conn.execute(
+        "SELECT pg_advisory_unlock(%s, %s), pg_try_advisory_lock(%s, %s)", (*pending, namespace, key)
+    ).fetchone()
+    return bool(row and row[1])
 
 
 def _call(conn: psycopg.Connection, function: str, namespace: int, key: int) -> bool:
@@ -273,6 +298,7 @@ def execute_run(run_id: int) -> None:
                 return
             with log_context.bound(run), _Keeper(lock_conn, run):
                 _execute(run)
+            release_later(lock_conn)  # the run ended
     except Fenced as fenced:
         log.warning("%s", fenced)
     except INFRASTRUCTURE_ERRORS as exc:

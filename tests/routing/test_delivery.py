@@ -32,7 +32,7 @@ from routing.engine.planning import ensure_plan
 from routing.engine.record import record_event
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
-from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held
+from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held, runs_locked
 from tests.conftest import clear_queues, queued_run_ids, wait_for
 from tests.openai_server import Reply, plan_json
 
@@ -130,6 +130,37 @@ def test_the_lock_connection_is_kept_between_runs_and_one_the_server_ended_is_re
     with engine.run_lock(103) as third:
         assert third is not None and third.info.backend_pid != pid
     assert engine.run_is_locked(103) is False and engine.run_is_locked(101) is False
+
+
+def test_an_ended_runs_lock_goes_with_the_next_lock_its_connection_takes_and_a_stopped_runs_at_once(
+    live_pool,
+):
+    """A run that ended lets its lock go in the statement that takes the next one on its connection (no
+    round trip of its own): meanwhile only the ended run's lock is held, which nothing needs (the run
+    is not stalled, a redelivery finds it ended). A run that stopped without ending lets go at once,
+    so that another process may resume it."""
+    server = live_pool["server"]
+    ended, follows = submit(), submit()
+    for run in (ended, follows):
+        server.program("conductor", [Reply(plan_json(("alpha", "A", [])))])
+        server.program("alpha", [Reply("42")])
+        engine.execute_run(run.pk)
+        assert Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED
+        assert runs_locked() == {run.pk}  # the one before let go with this run's lock
+    assert requeue_stalled_runs() == []
+    engine.execute_run(ended.pk)  # delivered again: found ended, nothing done
+    assert runs_locked() == set() and Run.objects.get(pk=ended.pk).deliveries == 1
+
+    stopped = submit()
+    server.program("conductor", [Reply(plan_json(("alpha", "A", [])))])
+    server.program("alpha", [Reply("42", delay_s=1.0)])
+    first = threading.Thread(target=engine.execute_run, args=(stopped.pk,))
+    first.start()
+    wait_for(lambda: len(server.requests_for("alpha")) == 3, timeout=20, what="the stopped run's call")
+    claim_run(stopped.pk)  # another process's claim: the first one's next write is fenced off
+    first.join(30)
+    assert Run.objects.get(pk=stopped.pk).status == RunStatus.RUNNING  # not ended: resumed elsewhere
+    assert runs_locked() == set()
 
 
 # --- 11. a call lost in flight is estimated, counted and recorded ---------------------------------
