@@ -218,6 +218,8 @@ def advisory_lock_connection(namespace: int, key: int) -> Iterator[psycopg.Conne
     try:
         acquired = _try_lock(lock_conn, namespace, key)
     except psycopg.OperationalError:  # a kept connection the server ended meanwhile: a new one
+        with contextlib.suppress(psycopg.Error):
+            lock_conn.close()  # whatever it held goes with it
         lock_conn = LOCK_CONNECTIONS.take(params, fresh=True)
         acquired = _try_lock(lock_conn, namespace, key)
     released = not acquired
@@ -283,6 +285,8 @@ def advisory_locked(namespace: int, key: int) -> bool:
 
 
 def run_is_locked(run_id: int) -> bool:
+    """Whether another process holds the run's lock. For a run not ended: a run that ended may keep
+    its lock a while on the connection of the process that ended it (release_later)."""
     return advisory_locked(ADVISORY_LOCK_NAMESPACE, run_id)
 
 

@@ -108,10 +108,18 @@ def finish_run(run: Run, *, last: Step) -> None:
         return staged
 
     # Nothing written for this kind of run at its end but the end itself: one statement, its own
-    # transaction, and run_finished's receivers after its commit.
+    # transaction, and run_finished's receivers after its commit (the run has ended: a receiver that
+    # fails now is logged, not taken for the run's failure).
     alone = not written_at_end(run.kind)
     if alone and _end_at_once(run, cost, sets=sets, ended=ended, events=events):
-        run_finished.send(sender=Run, run=run, now=now)
+        for receiver, outcome in run_finished.send_robust(sender=Run, run=run, now=now):
+            if isinstance(outcome, Exception):
+                log.error(
+                    "run %s ended; a receiver of run_finished failed after it: %r",
+                    run.pk,
+                    receiver,
+                    exc_info=outcome,
+                )
         return
     with transaction.atomic():  # the receivers of run_finished write in it too
         if alone or not _end_at_once(run, cost, sets=sets, ended=ended, events=events):
