@@ -53,6 +53,7 @@ from .record import (
     Writes,
     add_cost,
     fenced,
+    ids_drawn_sql,
     record_event,
 )
 from .schedule import execute_plan
@@ -353,8 +354,8 @@ def _first_delivery(run_id: int) -> Run | None:
         at += width
     run: Run = read[0]
     run.task, run.conductor_version = read[1:]
-    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash, decision_id, step_ids = row[at:]  # type: ignore[attr-defined]
-    run.ids_ahead = (int(decision_id), [int(i) for i in step_ids])  # type: ignore[attr-defined]
+    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash, decision_ids, step_ids = row[at:]  # type: ignore[attr-defined]
+    run.ids_ahead = (int(decision_ids[0]), [int(i) for i in step_ids])  # type: ignore[attr-defined]
     return run
 
 
@@ -366,13 +367,11 @@ IDS_AHEAD = 8
 
 @functools.cache
 def _first_delivery_sql() -> str:
-    drawn = "nextval(pg_get_serial_sequence('{table}', 'id'))"
     return (
         f"SELECT {rows.columns(Run, 'run_')}, {rows.columns(Task, 'task_')}, "  # noqa: S608 - names, not data
         f"{rows.columns(ConductorVersion, 'version_')}, {policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}, "
-        f"head.seq, head.hash, {drawn.format(table=Decision._meta.db_table)}, "
-        f"ARRAY(SELECT {drawn.format(table=Step._meta.db_table)} "
-        f"FROM generate_series(1, LEAST(task_.max_steps, {IDS_AHEAD}))) FROM routing_run run_ "
+        f"head.seq, head.hash, {ids_drawn_sql(Decision, '1')}, "
+        f"{ids_drawn_sql(Step, f'LEAST(task_.max_steps, {IDS_AHEAD})')} FROM routing_run run_ "
         "JOIN routing_task task_ ON task_.id = run_.task_id "
         "JOIN routing_conductorversion version_ ON version_.id = run_.conductor_version_id "
         f"LEFT JOIN {ChainHead._meta.db_table} head ON head.chain = 'run:' || run_.correlation_id::text "

@@ -270,15 +270,17 @@ def next_ids(model: type[Model], *more: tuple[type[Model], int]) -> list[list[in
     (model, n) in `more`. For rows whose ids their own statement needs before they are inserted (an
     audit event names them; a plan's steps point to its decision, their attempts to them)."""
     wanted = [(model, 1), *more]
-    drawn = ", ".join(
-        "ARRAY(SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s))" for _ in wanted
-    )
-    params: list[Any] = []
-    for each, n in wanted:
-        params += [each._meta.db_table, each._meta.pk.column, n]  # type: ignore[union-attr]
+    drawn = ", ".join(ids_drawn_sql(each, "%s") for each, _ in wanted)
     with rows.prepared_cursor() as cursor:
-        cursor.execute(f"SELECT {drawn}", params)  # noqa: S608 - placeholders only
+        cursor.execute(f"SELECT {drawn}", [n for _, n in wanted])  # noqa: S608 - names and placeholders
         return [list(map(int, ids)) for ids in cursor.fetchone()]
+
+
+def ids_drawn_sql(model: type[Model], how_many: str) -> str:
+    """SQL of an array of `how_many` (an SQL expression) primary keys of `model` drawn from its
+    sequence (next_ids; a first delivery's claim draws its first plan's with its read)."""
+    sequence = f"pg_get_serial_sequence('{model._meta.db_table}', '{model._meta.pk.column}')"  # type: ignore[union-attr]
+    return f"ARRAY(SELECT nextval({sequence}) FROM generate_series(1, {how_many}))"  # noqa: S608 - names and SQL of the callers
 
 
 T = TypeVar("T")
