@@ -286,10 +286,7 @@ def settle(run: Run, call: Call, sent: Sent, *, then: Callable[[Fence, Writes], 
     assert call.attempt is not None
     exc = sent.error
     if exc is None:
-        assert sent.completion is not None
-        _attempt_succeeded(
-            run, call.step, call.attempt, sent.completion, latency_ms=sent.latency_ms, then=then
-        )
+        _attempt_succeeded(run, call, sent, then=then)
         return True
     call.made += 1
     last = not exc.retryable or call.made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS
@@ -342,44 +339,54 @@ def _attempt_failed(
     write_once(run, stage)
 
 
-def _attempt_succeeded(
-    run: Run,
-    step: Step,
-    attempt: Attempt,
-    completion: Completion,
-    *,
-    latency_ms: int,
-    then: Callable[[Fence, Writes], None] | None = None,
-) -> None:
-    """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence),
-    then `then` in it (staged in its writes)."""
-    assert step.worker is not None
-    cost = step.worker.cost_of(input_tokens=completion.input_tokens, output_tokens=completion.output_tokens)
-    now = timezone.now()
-    if attempt.number == 1:  # the step's only attempt: its totals are this call's
-        totals = {
-            "cost": cost,
-            "input_tokens": completion.input_tokens,
-            "output_tokens": completion.output_tokens,
-        }
-    else:  # earlier ones may have cost something (a lost call's estimate)
-        earlier = step.attempts.exclude(pk=attempt.pk).aggregate(
-            cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
-        )
-        totals = {
-            "cost": (earlier["cost"] or Decimal(0)) + cost,
-            "input_tokens": (earlier["input_tokens"] or 0) + completion.input_tokens,
-            "output_tokens": (earlier["output_tokens"] or 0) + completion.output_tokens,
-        }
+@dataclass(frozen=True)
+class Success:
+    """An attempt that succeeded, to be staged in a write (`stage`): what it adds to the run's totals,
+    and the step's answer."""
 
-    def stage(fenced: Fence, writes: Writes) -> None:
+    run: Run
+    step: Step
+    attempt: Attempt
+    completion: Completion
+    latency_ms: int
+    cost: Decimal
+    totals: dict[str, Any]  # the step's: its attempts' cost and tokens, this one's included
+    now: datetime
+
+    @classmethod
+    def of(cls, run: Run, call: Call, sent: Sent) -> Success:
+        step, attempt, completion = call.step, call.attempt, sent.completion
+        assert step.worker is not None and attempt is not None and completion is not None
+        cost = step.worker.cost_of(
+            input_tokens=completion.input_tokens, output_tokens=completion.output_tokens
+        )
+        if attempt.number == 1:  # the step's only attempt: its totals are this call's
+            totals = {
+                "cost": cost,
+                "input_tokens": completion.input_tokens,
+                "output_tokens": completion.output_tokens,
+            }
+        else:  # earlier ones may have cost something (a lost call's estimate)
+            earlier = step.attempts.exclude(pk=attempt.pk).aggregate(
+                cost=Sum("cost_usd"), input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens")
+            )
+            totals = {
+                "cost": (earlier["cost"] or Decimal(0)) + cost,
+                "input_tokens": (earlier["input_tokens"] or 0) + completion.input_tokens,
+                "output_tokens": (earlier["output_tokens"] or 0) + completion.output_tokens,
+            }
+        return cls(run, step, attempt, completion, sent.latency_ms, cost, totals, timezone.now())
+
+    def stage(self, writes: Writes) -> None:
+        """The attempt, its step and its event, staged (the run's totals ride on the write's fence)."""
+        step, attempt, completion, now = self.step, self.attempt, self.completion, self.now
         writes.update(
             attempt,
             status=Attempt.Status.SUCCEEDED,
             input_tokens=completion.input_tokens,
             output_tokens=completion.output_tokens,
-            cost_usd=cost,
-            latency_ms=latency_ms,
+            cost_usd=self.cost,
+            latency_ms=self.latency_ms,
             provider_request_id=completion.request_id[:200],
             finished_at=now,
         )
@@ -387,10 +394,12 @@ def _attempt_succeeded(
             step,
             status=StepStatus.SUCCEEDED,
             response=completion.text,
-            cost_usd=totals["cost"],
-            input_tokens=totals["input_tokens"],
-            output_tokens=totals["output_tokens"],
-            latency_ms=int((now - step.started_at).total_seconds() * 1000) if step.started_at else latency_ms,
+            cost_usd=self.totals["cost"],
+            input_tokens=self.totals["input_tokens"],
+            output_tokens=self.totals["output_tokens"],
+            latency_ms=int((now - step.started_at).total_seconds() * 1000)
+            if step.started_at
+            else self.latency_ms,
             finished_at=now,
             error="",
         )
@@ -404,20 +413,31 @@ def _attempt_succeeded(
                 "attempt": attempt.number,
                 "input_tokens": completion.input_tokens,
                 "output_tokens": completion.output_tokens,
-                "cost_usd": cost,
-                "latency_ms": latency_ms,
+                "cost_usd": self.cost,
+                "latency_ms": self.latency_ms,
                 "response_sha256": content_hash(completion.text),
             },
         )
+
+
+def _attempt_succeeded(
+    run: Run, call: Call, sent: Sent, *, then: Callable[[Fence, Writes], None] | None = None
+) -> None:
+    """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence),
+    then `then` in it (staged in its writes)."""
+    success = Success.of(run, call, sent)
+
+    def stage(fenced: Fence, writes: Writes) -> None:
+        success.stage(writes)
         if then is not None:
             then(fenced, writes)
 
     write_once(
         run,
         stage,
-        cost=cost,
-        input_tokens=completion.input_tokens,
-        output_tokens=completion.output_tokens,
+        cost=success.cost,
+        input_tokens=success.completion.input_tokens,
+        output_tokens=success.completion.output_tokens,
     )
 
 

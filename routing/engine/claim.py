@@ -25,7 +25,7 @@ from django.utils import timezone
 from audit import chain as audit_chain
 from audit import policies, rows
 from audit.actions import Action
-from audit.models import ChainHead
+from audit.models import GLOBAL_CHAIN, ChainHead
 from audit.rows import prepared_cursor
 
 from .. import log_context
@@ -41,7 +41,7 @@ from ..models import (
     Task,
 )
 from ..secrets import redact
-from .finish import fail_run, finish_run
+from .finish import EndWithLastStep, fail_run, finish_run
 from .planning import ensure_plan
 from .record import (
     INFRASTRUCTURE_ERRORS,
@@ -313,7 +313,10 @@ def execute_run(run_id: int) -> None:
 def _execute(run: Run) -> None:
     try:
         root = ensure_plan(run, parent_step=None, depth=0)
-        finish_run(run, last=execute_plan(run, root))
+        ending = EndWithLastStep(run)  # the last step's success and the run's end, one statement
+        last = execute_plan(run, root, ending=ending)
+        if not ending.ended:
+            finish_run(run, last=last)
     except RunStopped as stop:
         fail_run(run, str(stop), stop.stop_reason)
     except (Fenced, *INFRASTRUCTURE_ERRORS):
@@ -354,7 +357,15 @@ def _first_delivery(run_id: int) -> Run | None:
         at += width
     run: Run = read[0]
     run.task, run.conductor_version = read[1:]
-    run.rules_stamp, run.workers_stamp, run.head_seq, run.head_hash, decision_ids, step_ids = row[at:]  # type: ignore[attr-defined]
+    (
+        run.rules_stamp,  # type: ignore[attr-defined]
+        run.workers_stamp,  # type: ignore[attr-defined]
+        run.head_seq,  # type: ignore[attr-defined]
+        run.head_hash,  # type: ignore[attr-defined]
+        decision_ids,
+        step_ids,
+        run.global_head,  # type: ignore[attr-defined]  # finish.EndWithLastStep's: the seal has a head to go to
+    ) = row[at:]
     run.ids_ahead = (int(decision_ids[0]), [int(i) for i in step_ids])  # type: ignore[attr-defined]
     return run
 
@@ -371,7 +382,9 @@ def _first_delivery_sql() -> str:
         f"SELECT {rows.columns(Run, 'run_')}, {rows.columns(Task, 'task_')}, "  # noqa: S608 - names, not data
         f"{rows.columns(ConductorVersion, 'version_')}, {policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}, "
         f"head.seq, head.hash, {ids_drawn_sql(Decision, '1')}, "
-        f"{ids_drawn_sql(Step, f'LEAST(task_.max_steps, {IDS_AHEAD})')} FROM routing_run run_ "
+        f"{ids_drawn_sql(Step, f'LEAST(task_.max_steps, {IDS_AHEAD})')}, "
+        f"EXISTS (SELECT 1 FROM {ChainHead._meta.db_table} WHERE chain = '{GLOBAL_CHAIN}' AND NOT sealed) "
+        "FROM routing_run run_ "
         "JOIN routing_task task_ ON task_.id = run_.task_id "
         "JOIN routing_conductorversion version_ ON version_.id = run_.conductor_version_id "
         f"LEFT JOIN {ChainHead._meta.db_table} head ON head.chain = 'run:' || run_.correlation_id::text "

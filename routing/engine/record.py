@@ -359,6 +359,7 @@ class Guard:
     known: Fence
     epoch: int | None = None
     status: str | None = None
+    settling: int | None = None  # with `settled`: the one step the statement itself settles
 
     def params(self, run: Run) -> list[Any]:
         """The values of `guard_sql`'s placeholders."""
@@ -371,15 +372,16 @@ class Guard:
             self.known.rules_stamp,
             self.known.workers_stamp,
             *([] if self.status is None else [self.status]),
+            *([] if self.settling is None else [self.settling]),
         ]
 
 
-def guard_sql(status: bool, *, settled: bool = False) -> str:
+def guard_sql(status: bool, *, settled: bool = False, settling: bool = False) -> str:
     """A Guard's expression `f` (`status`: with the run's status checked too; `settled`: and none of
-    its steps pending or running)."""
+    its steps pending or running, but the one the statement settles with `settling`)."""
     unsettled = (
         " AND NOT EXISTS (SELECT 1 FROM routing_step s WHERE s.run_id = routing_run.id "  # noqa: S608 - constants
-        f"AND s.status IN ('{StepStatus.PENDING}', '{StepStatus.RUNNING}'))"
+        f"AND s.status IN ('{StepStatus.PENDING}', '{StepStatus.RUNNING}'){' AND s.id <> %s' if settling else ''})"
         if settled
         else ""
     )
@@ -453,14 +455,7 @@ class Writes:
             params += audit_chain.append_params(planned)
         # Each row's values are one parameter (audit.rows): the statement's text is the same for every
         # write of its shape (made once: _statement), and psycopg parses it once.
-        updates = []
-        for (model, pk), values_by_name in self.updates.items():
-            fields = [model._meta.get_field(name) for name in values_by_name]
-            params += [rows.document(zip(fields, values_by_name.values(), strict=True)), pk]  # type: ignore[arg-type]
-            only_if = self.only_if.get((model, pk), {})
-            for name, value in only_if.items():
-                params.append(model._meta.get_field(name).get_db_prep_save(value, connection))  # type: ignore[union-attr]
-            updates.append((model, tuple(values_by_name), tuple(only_if)))
+        updates = self.updated(params)
         for obj in self.inserts:
             params.append(
                 rows.document((f, f.pre_save(obj, True)) for f in _inserted(type(obj), obj.pk is not None))
@@ -490,6 +485,40 @@ class Writes:
             announce(self.run, *events)
         return True
 
+    def updated(self, params: list[Any]) -> Updates:
+        """The staged updates' shapes (for `update_ctes`), their values added to `params`."""
+        updates = []
+        for (model, pk), values_by_name in self.updates.items():
+            fields = [model._meta.get_field(name) for name in values_by_name]
+            params += [rows.document(zip(fields, values_by_name.values(), strict=True)), pk]  # type: ignore[arg-type]
+            only_if = self.only_if.get((model, pk), {})
+            for name, value in only_if.items():
+                params.append(model._meta.get_field(name).get_db_prep_save(value, connection))  # type: ignore[union-attr]
+            updates.append((model, tuple(values_by_name), tuple(only_if)))
+        return tuple(updates)
+
+
+# Updates of a statement: (model, columns set, columns checked), as `update_ctes` writes them.
+Updates = tuple[tuple[type[Model], tuple[str, ...], tuple[str, ...]], ...]
+
+
+def update_ctes(updates: Updates, condition: str, name: str = "u") -> list[str]:
+    """The expressions `u0`, `u1`, ... (`name`) of these updates, each of a row from a document
+    parameter, then its primary key (and the columns checked), written only if `condition` holds."""
+    ctes = []
+    for i, (model, names, checked) in enumerate(updates):
+        table = rows.quoted(model._meta.db_table)
+        columns = [rows.quoted(model._meta.get_field(name).column) for name in names]  # type: ignore[union-attr]
+        sets = ", ".join(f"{column} = r.{column}" for column in columns)
+        where = f"{table}.{rows.quoted(model._meta.pk.column)} = %s"  # type: ignore[union-attr]
+        for name in checked:
+            where += f" AND {table}.{rows.quoted(model._meta.get_field(name).column)} = %s"  # type: ignore[union-attr]
+        ctes.append(
+            f"{name}{i} AS (UPDATE {table} SET {sets} FROM {rows.populated(model)} AS r "  # noqa: S608 - names, not data
+            f"WHERE {where}{condition})"
+        )
+    return ctes
+
 
 @functools.cache
 def _inserted(model: type[Model], with_pk: bool) -> tuple[Field[Any, Any], ...]:
@@ -502,7 +531,7 @@ def _inserted(model: type[Model], with_pk: bool) -> tuple[Field[Any, Any], ...]:
 def _statement(
     guard: bool | None,
     events: int,
-    updates: tuple[tuple[type[Model], tuple[str, ...], tuple[str, ...]], ...],
+    updates: Updates,
     inserts: tuple[tuple[type[Model], bool], ...],
 ) -> str:
     """The text of `Writes._made`'s statement for a write of this shape: with a guard (None: none;
@@ -519,17 +548,7 @@ def _statement(
         ctes += audit_chain.append_text(events, guard=guarded)
         gate = "h"
     condition = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data
-    for i, (model, names, checked) in enumerate(updates):
-        table = rows.quoted(model._meta.db_table)
-        columns = [rows.quoted(model._meta.get_field(name).column) for name in names]  # type: ignore[union-attr]
-        sets = ", ".join(f"{column} = r.{column}" for column in columns)
-        where = f"{table}.{rows.quoted(model._meta.pk.column)} = %s"  # type: ignore[union-attr]
-        for name in checked:
-            where += f" AND {table}.{rows.quoted(model._meta.get_field(name).column)} = %s"  # type: ignore[union-attr]
-        ctes.append(
-            f"u{i} AS (UPDATE {table} SET {sets} FROM {rows.populated(model)} AS r "  # noqa: S608 - names, not data
-            f"WHERE {where}{condition})"
-        )
+    ctes += update_ctes(updates, condition)
     for i, (model, with_pk) in enumerate(inserts):
         listed = ", ".join(rows.quoted(f.column) for f in _inserted(model, with_pk))
         ctes.append(

@@ -47,9 +47,11 @@ from .recursion import execute_conductor_step
 log = logging.getLogger(__name__)
 
 
-def execute_plan(run: Run, decision: Decision) -> Step:
+def execute_plan(run: Run, decision: Decision, *, ending: Callable[[Call, Sent], bool] | None = None) -> Step:
     """Run the plan's steps; independent steps run concurrently. Returns the last step (its response
-    is the plan's answer). Raises RunStopped on failure."""
+    is the plan's answer). Raises RunStopped on failure. `ending`: offered the success of the plan's
+    last step when every other has succeeded; True when it recorded it (with what ends the run), else
+    it is recorded here."""
     # The plan's steps as recorded (their workers with them), or read back (a resumed run, a plan
     # recorded by an earlier delivery).
     planned = getattr(decision, "planned_steps", None)
@@ -99,8 +101,20 @@ def execute_plan(run: Run, decision: Decision) -> Step:
                 outcome = future.result()
                 try:
                     if isinstance(outcome, Sent):
-                        # A sequence: the one step whose turn this success makes starts in its transaction.
                         index = call.step.index
+                        if (
+                            ending is not None
+                            and outcome.error is None
+                            and not pending
+                            and first_error is None
+                            and index == max(steps)
+                            and len(done) == len(steps) - 1
+                            and ending(call, outcome)
+                        ):
+                            done.add(index)
+                            busy.discard(index)
+                            continue
+                        # A sequence: the one step whose turn this success makes starts in its transaction.
                         follower = _follower(steps, done | {index}, busy - {index}) if not pending else None
                         begun: list[tuple[Call, RunStopped | None]] = []
                         then = None

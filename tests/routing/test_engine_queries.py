@@ -53,8 +53,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # the waiting row), still in BEGIN ... COMMIT for run_finished's receivers. 8 (7) since the end of a
 # run for which no receiver of run_finished writes (routing.signals.writes_at_end: a live run) is that
 # statement alone, its own transaction. 7 since the first plan's ids are drawn with the claim's read.
-STATEMENTS = 7
-TRANSACTIONS = 7
+# 6 (6) since the last step's success is written in the run's end's statement
+# (routing.engine.finish.EndWithLastStep).
+STATEMENTS = 6
+TRANSACTIONS = 6
 
 
 def program(server) -> None:
@@ -88,20 +90,21 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     assert transactions <= TRANSACTIONS, f"{transactions} transactions (pinned: {TRANSACTIONS})"
     # Every write is one statement, its own transaction (the change with its events, on the run as this
     # process last read it): the claim, the plan with its steps and the first step's start, each step's
-    # success with the next step's start, and the run's end.
+    # success with the next step's start, and the last step's success with the run's end.
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
-    assert len(one_statement) == 6, one_statement
+    assert len(one_statement) == 5, one_statement
     assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
     assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
     assert one_statement[1].count('"action": "step.started"') == 1
     plan = sql.index(one_statement[1])
-    assert sql[plan : plan + 4] == one_statement[1:5]  # nothing read or written between the steps
-    # The run's end: its answer, score, totals, the task's, its sealing event and the seal in the global
-    # chain, and the row that leaves the run waiting for a fold of the rollups: one statement, its own
-    # transaction (no receiver of run_finished writes for a live run).
-    end = one_statement[5]
-    assert sql[plan + 4 :] == [end]
-    assert '"action": "run.succeeded"' in end and '"action": "run.sealed"' in end
+    assert sql[plan : plan + 3] == one_statement[1:4]  # nothing read or written between the steps
+    # The last step's success and the run's end: its answer, score, totals, the task's, its sealing
+    # event and the seal in the global chain, and the row that leaves the run waiting for a fold of the
+    # rollups: one statement, its own transaction (no receiver of run_finished writes for a live run).
+    end = one_statement[4]
+    assert sql[plan + 3 :] == [end]
+    assert end.index('"action": "step.succeeded"') < end.index('"action": "run.succeeded"')
+    assert '"action": "run.sealed"' in end and 'UPDATE "routing_attempt"' in end
     assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
     assert [s for s in sql if "routing_pendingrollup" in s] == [end]
     assert not [s for s in sql if "routing_usagerollup" in s or "routing_runrollup" in s]
@@ -113,7 +116,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # run again, the same statements are not prepared anew, though its totals need a larger integer
     # type (integers go as bigint: a parameter's type is part of what psycopg prepared).
     prepared = _prepared()
-    assert prepared["WITH f AS"] >= 5, prepared
+    assert prepared["WITH f AS"] >= 4, prepared
     server.program(
         "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
     )

@@ -187,6 +187,70 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
     assert report.intact, report.problems
 
 
+def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_run_moved(live_pool):
+    """The last step's success and the run's end are one statement (finish.EndWithLastStep) when the run
+    is as this process last read it. When something moved it during that step's call, nothing of that
+    statement is written: the success is recorded on its own (fenced), then the run ended, each once."""
+    server = live_pool["server"]
+    outside = Decimal("0.2500000000")
+    moved = []
+
+    def beta(body: dict) -> Reply:
+        if moved:  # the second run's last call: its totals move while it is out
+            try:
+                Run.objects.filter(correlation_id=run.correlation_id).update(cost_usd=outside)
+            finally:
+                connection.close()  # the server's thread, with a connection of its own
+        return Reply("checked", prompt_tokens=100, completion_tokens=10)
+
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", [0])))] * 2)
+    server.program("alpha", [Reply("draft")] * 2)
+    server.program("beta", beta)
+    run_now(submit())  # the global chain's first seal: its head is there for the next runs' ends
+    for run in (submit(), submit()):
+        with CaptureQueriesContext(connection) as captured:
+            engine.execute_run(run.pk)
+        run.refresh_from_db()
+        sql = [q["sql"] for q in captured.captured_queries]
+        writes = one_statement_writes(sql)
+        assert run.status == RunStatus.SUCCEEDED, run.error
+        assert run.final_answer == "checked"
+        last = Step.objects.get(run=run, index=1)
+        assert last.status == StepStatus.SUCCEEDED and last.response == "checked"
+        if not moved:
+            # The claim, the plan with step 0's start, its success with step 1's start, and step 1's
+            # success with the run's end: four statements, nothing else written.
+            assert len(writes) == 4 and "BEGIN" not in sql
+            assert '"action": "step.succeeded"' in writes[-1] and '"action": "run.succeeded"' in writes[-1]
+            assert_rollups_exact(run)  # the run's totals its calls', the task's its run's
+            assert not verify(chains=[audit_chain.run_chain(run.correlation_id)]).problems
+            moved.append(run)
+            continue
+        # Step 1's success with the end, tried, wrote nothing; so did the success alone, on the same
+        # totals; the success was then written in a fenced transaction, and the end in one statement
+        # on what that fence read.
+        assert len(writes) == 6 and sql.count("BEGIN") == 1
+        assert '"action": "run.succeeded"' in writes[3] and '"action": "run.succeeded"' not in writes[4]
+        assert sql.index(writes[4]) < sql.index("BEGIN") < sql.index(writes[5])
+        assert '"action": "run.succeeded"' in writes[5] and '"action": "step.succeeded"' not in writes[5]
+        assert run.cost_usd == outside + Attempt.objects.get(step=last).cost_usd
+        for step in Step.objects.filter(run=run):
+            for action in ("step.started", "step.succeeded"):
+                assert (
+                    AuditEvent.objects.filter(
+                        object_type="step", object_id=str(step.pk), action=action
+                    ).count()
+                    == 1
+                )
+        assert (
+            AuditEvent.objects.filter(correlation_id=run.correlation_id, action="run.succeeded").count() == 1
+        )
+        report = verify(chains=[audit_chain.run_chain(run.correlation_id)])
+        assert [(p.kind, "cost_usd" in p.detail) for p in report.problems] == [("row", True)]
+    for run in Run.objects.all():  # the task's totals: its run's, as its end found them
+        assert run.task.cost_usd == run.cost_usd and run.task.input_tokens == run.input_tokens
+
+
 def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statement(
     live_pool, no_fold_after_runs
 ):
@@ -207,8 +271,9 @@ def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statem
     alpha = Attempt.objects.get(step__run=run, step__worker_slug="alpha")
     assert alpha.cost_usd > 0
     sql = [q["sql"] for q in captured.captured_queries]
-    # The claim, the plan with step 0's start, its success with step 1's start, step 1's success and
-    # the run's end (on the totals as rounded): one statement each.
+    # The claim, the plan with step 0's start, its success with step 1's start, step 1's success and the
+    # run's end (on the totals as rounded): one statement each. (The two last are one statement where the
+    # global chain has a head already: this run's end makes it, in a fenced transaction.)
     assert len(one_statement_writes(sql)) == 5
     assert sql.count("BEGIN") == 1
     calls = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"]
