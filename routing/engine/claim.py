@@ -402,7 +402,10 @@ def _claim_first(run: Run) -> bool:
     )
     if run.head_seq is not None:  # type: ignore[attr-defined]
         audit_chain.guess(audit_chain.run_chain(run.correlation_id), run.head_seq, run.head_hash)  # type: ignore[attr-defined]
-    guard = Guard(known, epoch=run.claim_epoch, status=run.status)
+    # The claim's commit does not wait for the WAL's flush (Guard.flush): lost in a crash of the server,
+    # the run is as it was, and is delivered again. What the run does next is recorded by the plan's
+    # statement, whose commit flushes the claim's with it.
+    guard = Guard(known, epoch=run.claim_epoch, status=run.status, flush=False)
     _claimed(run, timezone.now())
     writes = Writes(run)
     writes.update(run, **{name: getattr(run, name) for name in CLAIMED_FIELDS})

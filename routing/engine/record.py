@@ -360,6 +360,10 @@ class Guard:
     epoch: int | None = None
     status: str | None = None
     settling: int | None = None  # with `settled`: the one step the statement itself settles
+    # False: its commit does not wait for the WAL's flush (synchronous_commit off for it alone), for a
+    # write whose loss in a crash of the server loses nothing: the next flushed commit, before anything
+    # leaves this process, flushes it too (the WAL is written in order).
+    flush: bool = True
 
     def params(self, run: Run) -> list[Any]:
         """The values of `guard_sql`'s placeholders."""
@@ -376,9 +380,13 @@ class Guard:
         ]
 
 
-def guard_sql(status: bool, *, settled: bool = False, settling: bool = False) -> str:
+_NO_FLUSH = " AND set_config('synchronous_commit', 'off', true) = 'off'"  # for this transaction alone
+
+
+def guard_sql(status: bool, *, settled: bool = False, settling: bool = False, flush: bool = True) -> str:
     """A Guard's expression `f` (`status`: with the run's status checked too; `settled`: and none of
-    its steps pending or running, but the one the statement settles with `settling`)."""
+    its steps pending or running, but the one the statement settles with `settling`; not `flush`: the
+    statement's commit does not wait for the WAL's flush, Guard.flush)."""
     unsettled = (
         " AND NOT EXISTS (SELECT 1 FROM routing_step s WHERE s.run_id = routing_run.id "  # noqa: S608 - constants
         f"AND s.status IN ('{StepStatus.PENDING}', '{StepStatus.RUNNING}'){' AND s.id <> %s' if settling else ''})"
@@ -388,7 +396,8 @@ def guard_sql(status: bool, *, settled: bool = False, settling: bool = False) ->
     return (
         "f AS (SELECT 1 FROM routing_run WHERE id = %s AND claim_epoch = %s AND cost_usd = %s "  # noqa: S608 - no data in it
         f"AND input_tokens = %s AND output_tokens = %s AND {policies.RULES_STAMP_SQL} = %s "
-        f"AND {WORKERS_STAMP_SQL} = %s{' AND status = %s' if status else ''}{unsettled} FOR UPDATE)"
+        f"AND {WORKERS_STAMP_SQL} = %s{' AND status = %s' if status else ''}{unsettled}"
+        f"{'' if flush else _NO_FLUSH} FOR UPDATE)"
     )
 
 
@@ -466,6 +475,7 @@ class Writes:
             len(events),
             tuple(updates),
             tuple((type(obj), obj.pk is not None) for obj in self.inserts),
+            flush=guard is None or guard.flush,
         )
         with rows.prepared_cursor() as cursor:
             cursor.execute(sql, params)
@@ -533,15 +543,17 @@ def _statement(
     events: int,
     updates: Updates,
     inserts: tuple[tuple[type[Model], bool], ...],
+    *,
+    flush: bool = True,
 ) -> str:
     """The text of `Writes._made`'s statement for a write of this shape: with a guard (None: none;
-    True: with the run's status), this many events, these updates (model, columns set, columns
-    checked) and inserts (model, primary key drawn). Names only, never data: it depends on nothing
-    else, and is made once per shape."""
+    True: with the run's status; `flush`: Guard.flush), this many events, these updates (model, columns
+    set, columns checked) and inserts (model, primary key drawn). Names only, never data: it depends on
+    nothing else, and is made once per shape."""
     ctes: list[str] = []
     gate = ""
     if guard is not None:
-        ctes.append(guard_sql(guard))
+        ctes.append(guard_sql(guard, flush=flush))
         gate = "f"
     if events:
         guarded = f" AND EXISTS (SELECT 1 FROM {gate})" if gate else ""  # noqa: S608 - names, not data

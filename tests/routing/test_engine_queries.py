@@ -94,6 +94,13 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     one_statement = [s for s in sql if s.startswith("WITH f AS")]
     assert len(one_statement) == 5, one_statement
     assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
+    # The claim's commit alone does not wait for the WAL's flush (the plan's, next, flushes it too): for
+    # its own transaction only, the connection's commits wait again after it.
+    no_flush = "set_config('synchronous_commit', 'off', true)"
+    assert [no_flush in s for s in one_statement] == [True, False, False, False, False]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
     assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
     assert one_statement[1].count('"action": "step.started"') == 1
     plan = sql.index(one_statement[1])

@@ -187,7 +187,9 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
     assert report.intact, report.problems
 
 
-def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_run_moved(live_pool):
+def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_run_moved(
+    live_pool, no_fold_after_runs
+):
     """The last step's success and the run's end are one statement (finish.EndWithLastStep) when the run
     is as this process last read it. When something moved it during that step's call, nothing of that
     statement is written: the success is recorded on its own (fenced), then the run ended, each once."""
