@@ -175,9 +175,13 @@ def append_params(planned: Planned) -> list[Any]:
     last = planned.events[-1]
     params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
     # Each event one parameter (audit.rows): the statement's text is the same for every append.
-    return params + [
-        rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS) for event in planned.events
-    ]
+    return params + [event_document(event) for event in planned.events]
+
+
+def event_document(event: AuditEvent) -> str:
+    """An event's row as `rows.document` makes it: the one `_event` made with its hash, if it did."""
+    made = event.__dict__.get("_document")
+    return made if made is not None else rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS)
 
 
 _EVENT_FIELDS = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
@@ -317,12 +321,12 @@ def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
 def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:
     occurred_at = timezone.now()
     seq = head_seq + 1
-    content = content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields)
-    return AuditEvent(
-        chain=chain,
-        seq=seq,
-        prev_hash=head_hash,
-        hash=digest(head_hash, content),
-        occurred_at=occurred_at,
-        **fields,
+    body = canonical(content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields))
+    hash_ = hashlib.sha256(head_hash.encode() + body).hexdigest()
+    event = AuditEvent(
+        chain=chain, seq=seq, prev_hash=head_hash, hash=hash_, occurred_at=occurred_at, **fields
     )
+    # Its row's document (append_params) is the content its hash covers, keyed by column as the content
+    # is, with the two hashes added: made once, not encoded again field by field.
+    event._document = f'{body[:-1].decode()},"prev_hash":"{head_hash}","hash":"{hash_}"}}'  # type: ignore[attr-defined]
+    return event

@@ -108,3 +108,31 @@ def test_a_document_refuses_what_its_field_refuses():
     uuid_field = next(f for _, f in _engine_fields() if isinstance(f, models.UUIDField))
     with pytest.raises(ValidationError):
         rows.document([(uuid_field, "not a uuid")])
+
+
+@pytest.mark.parametrize("task", [uuid.uuid4(), None])
+def test_an_events_document_made_with_its_hash_is_the_document_of_its_fields(task):
+    """An event built on a head (audit.chain.plan) takes as its row's document the content its hash
+    covers, keyed by column, with its hashes: the same values, column for column, as the document its
+    fields make, and the same hash as the verifier computes from them."""
+    from audit import chain
+    from audit.models import AuditEvent
+
+    payload = {"note": 'ünïcode \u2028 and "quotes" <b>', "cost_usd": "0.0000020000", "n": [1, None, 2.5]}
+    fields = {
+        "actor_type": "service",
+        "actor_id": "",
+        "actor_name": "engine",
+        "action": "step.succeeded",
+        "object_type": "step",
+        "object_id": "17",
+        "task_id": task,
+        "correlation_id": uuid.uuid4() if task else None,
+        "payload": payload,
+    }
+    event = chain._event("run:x", 4, "a" * 64, fields)  # what chain.plan builds each event with
+    made = chain.event_document(event)
+    fields_only = AuditEvent(**{f.attname: getattr(event, f.attname) for f in chain._EVENT_FIELDS})
+    assert json.loads(made) == json.loads(chain.event_document(fields_only))
+    assert set(json.loads(made)) == {f.column for f in chain._EVENT_FIELDS}
+    assert event.hash == chain.digest(event.prev_hash, chain.event_content(event))

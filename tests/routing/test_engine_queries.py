@@ -102,7 +102,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
     assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
-    assert one_statement[1].count('"action": "step.started"') == 1
+    assert one_statement[1].count('"action":"step.started"') == 1
     plan = sql.index(one_statement[1])
     assert sql[plan : plan + 3] == one_statement[1:4]  # nothing read or written between the steps
     # The last step's success and the run's end: its answer, score, totals, the task's, its sealing
@@ -110,7 +110,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # rollups: one statement, its own transaction (no receiver of run_finished writes for a live run).
     end = one_statement[4]
     assert sql[plan + 3 :] == [end]
-    assert end.index('"action": "step.succeeded"') < end.index('"action": "run.succeeded"')
+    assert end.index('"action":"step.succeeded"') < end.index('"action":"run.succeeded"')
     assert '"action": "run.sealed"' in end and 'UPDATE "routing_attempt"' in end
     assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
     assert [s for s in sql if "routing_pendingrollup" in s] == [end]

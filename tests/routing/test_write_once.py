@@ -223,7 +223,7 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
             # The claim, the plan with step 0's start, its success with step 1's start, and step 1's
             # success with the run's end: four statements, nothing else written.
             assert len(writes) == 4 and "BEGIN" not in sql
-            assert '"action": "step.succeeded"' in writes[-1] and '"action": "run.succeeded"' in writes[-1]
+            assert '"action":"step.succeeded"' in writes[-1] and '"action":"run.succeeded"' in writes[-1]
             assert_rollups_exact(run)  # the run's totals its calls', the task's its run's
             assert not verify(chains=[audit_chain.run_chain(run.correlation_id)]).problems
             moved.append(run)
@@ -232,9 +232,9 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
         # totals; the success was then written in a fenced transaction, and the end in one statement
         # on what that fence read.
         assert len(writes) == 6 and sql.count("BEGIN") == 1
-        assert '"action": "run.succeeded"' in writes[3] and '"action": "run.succeeded"' not in writes[4]
+        assert '"action":"run.succeeded"' in writes[3] and '"action":"run.succeeded"' not in writes[4]
         assert sql.index(writes[4]) < sql.index("BEGIN") < sql.index(writes[5])
-        assert '"action": "run.succeeded"' in writes[5] and '"action": "step.succeeded"' not in writes[5]
+        assert '"action":"run.succeeded"' in writes[5] and '"action":"step.succeeded"' not in writes[5]
         assert run.cost_usd == outside + Attempt.objects.get(step=last).cost_usd
         for step in Step.objects.filter(run=run):
             for action in ("step.started", "step.succeeded"):

@@ -117,7 +117,7 @@ def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(j
     with CaptureQueriesContext(connection) as captured:
         run = judged_run()
     (end,) = [q["sql"] for q in captured.captured_queries if "ge AS (INSERT INTO" in q["sql"]]
-    assert end.startswith("WITH f AS") and '"action": "score.judged"' in end
+    assert end.startswith("WITH f AS") and '"action":"score.judged"' in end
 
     events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
     assert [e.action for e in events[-2:]] == ["score.judged", "run.succeeded"]
