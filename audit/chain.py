@@ -64,7 +64,12 @@ def content_of(
 
 
 def digest(prev_hash: str, content: dict[str, Any]) -> str:
-    return hashlib.sha256(prev_hash.encode() + canonical(content)).hexdigest()
+    return _digest(prev_hash, canonical(content))
+
+
+def _digest(prev_hash: str, body: bytes) -> str:
+    """`digest` of content already made canonical."""
+    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
 
 
 def event_content(event: AuditEvent) -> dict[str, Any]:
@@ -322,7 +327,7 @@ def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) ->
     occurred_at = timezone.now()
     seq = head_seq + 1
     body = canonical(content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields))
-    hash_ = hashlib.sha256(head_hash.encode() + body).hexdigest()
+    hash_ = _digest(head_hash, body)
     event = AuditEvent(
         chain=chain, seq=seq, prev_hash=head_hash, hash=hash_, occurred_at=occurred_at, **fields
     )

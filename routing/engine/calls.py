@@ -344,7 +344,6 @@ class Success:
     """An attempt that succeeded, to be staged in a write (`stage`): what it adds to the run's totals,
     and the step's answer."""
 
-    run: Run
     step: Step
     attempt: Attempt
     completion: Completion
@@ -354,7 +353,7 @@ class Success:
     now: datetime
 
     @classmethod
-    def of(cls, run: Run, call: Call, sent: Sent) -> Success:
+    def of(cls, call: Call, sent: Sent) -> Success:
         step, attempt, completion = call.step, call.attempt, sent.completion
         assert step.worker is not None and attempt is not None and completion is not None
         cost = step.worker.cost_of(
@@ -375,7 +374,7 @@ class Success:
                 "input_tokens": (earlier["input_tokens"] or 0) + completion.input_tokens,
                 "output_tokens": (earlier["output_tokens"] or 0) + completion.output_tokens,
             }
-        return cls(run, step, attempt, completion, sent.latency_ms, cost, totals, timezone.now())
+        return cls(step, attempt, completion, sent.latency_ms, cost, totals, timezone.now())
 
     def stage(self, writes: Writes) -> None:
         """The attempt, its step and its event, staged (the run's totals ride on the write's fence)."""
@@ -425,7 +424,7 @@ def _attempt_succeeded(
 ) -> None:
     """The attempt, its step and the run's totals, in one transaction (the cost rides on the fence),
     then `then` in it (staged in its writes)."""
-    success = Success.of(run, call, sent)
+    success = Success.of(call, sent)
 
     def stage(fenced: Fence, writes: Writes) -> None:
         success.stage(writes)

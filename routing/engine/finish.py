@@ -98,14 +98,9 @@ class EndWithLastStep:
 
     def __call__(self, call: Call, sent: Sent) -> bool:
         run = self.run
-        if (
-            written_at_end(run.kind)
-            or _judged(run.task)
-            or getattr(run, "_known", None) is None
-            or not getattr(run, "global_head", False)
-        ):
+        if written_at_end(run.kind) or _judged(run.task) or not getattr(run, "global_head", False):
             return False
-        success = Success.of(run, call, sent)
+        success = Success.of(call, sent)
         end = _End.of(run, success.completion.text)
         if not _end_at_once(run, end, last=call.step, success=success):
             return False
@@ -127,9 +122,14 @@ def _ended_alone(run: Run, now: Any) -> None:
             )
 
 
+def _scored(task: Any) -> bool:
+    """Whether the task's answer is scored: it has a reference."""
+    return task.reference is not None and task.reference != ""
+
+
 def _judged(task: Any) -> bool:
     """Whether the task's answer is scored by the LLM judge (a call of its own)."""
-    return task.reference is not None and task.reference != "" and task.scorer == scorers.JUDGE
+    return _scored(task) and task.scorer == scorers.JUDGE
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,9 @@ class _End:
                 classification=task.classification,
             )
             score, extracted = judged.score, judged.answer
-        elif task.reference is not None and task.reference != "":
+        elif _scored(task):
             score, extracted = scorers.score(
-                response=final, reference=task.reference, scorer=task.scorer, domain=task.domain
+                response=final, reference=task.reference or "", scorer=task.scorer, domain=task.domain
             )
         now = timezone.now()
         cost = Cost(
