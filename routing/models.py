@@ -423,6 +423,8 @@ class Attempt(models.Model):
         MALFORMED = "malformed", "Malformed answer"
         ERROR = "error", "Error"
         LOST = "lost", "Worker process lost during the call"
+        # The replay pool has no recorded answer: the data's gap, never a vendor's error (not in ERRORS).
+        NO_RECORDING = "no_recording", "No recorded answer (replay pool)"
 
     # Every outcome but success and a call still in flight: the calls that failed, by kind.
     ERRORS = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -25,6 +26,7 @@ from django.db.models import (
 from django.db.models.functions import TruncMinute
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from kombu.exceptions import ChannelError, OperationalError
 
 from . import rollups
@@ -332,3 +334,31 @@ def workers_alive() -> list[str]:
         alive = sorted(name for reply in replies for name in reply)
         cache.set("ops.workers_alive", alive, WORKERS_ALIVE_TTL_S)
     return alive
+
+
+# What the local model's state file says (conductor_web.local_model writes it), as the overview shows it.
+LOCAL_MODEL_STATES = {
+    "installing": "installing: its server is built once (about 6 minutes on 2 cores); the replay pool "
+    "answers the recorded benchmark items meanwhile, and free text waits for it",
+    "starting": "starting its server",
+    "up": "up",
+    "failed": "failed",
+    "stopped": "stopped",
+}
+
+
+def local_model_state() -> dict[str, Any] | None:
+    """The local model's state (None where it was never brought up here): what, since when, why."""
+    try:
+        record = json.loads(settings.LOCAL_MODEL_STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("state") not in LOCAL_MODEL_STATES:
+        return None
+    return {
+        "state": record["state"],
+        "text": LOCAL_MODEL_STATES[record["state"]],
+        "since": parse_datetime(str(record.get("since") or "")),
+        "api_base": str(record.get("api_base") or ""),
+        "reason": str(record.get("reason") or ""),
+    }

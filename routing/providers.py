@@ -7,6 +7,7 @@ Errors are classified once, here, into the statuses an Attempt records.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -180,6 +181,11 @@ def _sent_status(chain: list[BaseException]) -> int | None:
     return None
 
 
+# A 500 whose message says the request did not validate (pydantic's words, as servers built on it
+# answer), not that the server failed.
+_REFUSAL = re.compile(r"\bvalidation errors? for\b|\bvalidation error\b", re.IGNORECASE)
+
+
 def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> ProviderCallError:
     """The attempt status of a failed call: the kind of failure, and the status the provider sent (if
     any). Its message is redacted (`secrets`: the keys the call sent) and capped before anything can
@@ -188,7 +194,7 @@ def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> Provide
     if no_recording is not None:
         # Shown as is: no litellm exception names, no retries (the pool would answer the same).
         return ProviderCallError(
-            Attempt.Status.CLIENT_ERROR, redact(no_recording.plain_message), code=NO_RECORDED_ANSWER
+            Attempt.Status.NO_RECORDING, redact(no_recording.plain_message), code=NO_RECORDED_ANSWER
         )
     chain = _chain(exc)
     sent = _sent_status(chain)
@@ -204,6 +210,10 @@ def classify(exc: Exception, *, secrets: tuple[str | None, ...] = ()) -> Provide
         )
     if isinstance(exc, litellm.APIConnectionError) and not sent:
         return ProviderCallError(Attempt.Status.SERVER_ERROR, message)
+    if isinstance(status_code, int) and status_code >= 500 and _REFUSAL.search(message):
+        # A server that answers a request it cannot take with a 500 (llama.cpp's server does, for a
+        # schema in another dialect): a refusal, which asking again would only repeat.
+        return ProviderCallError(Attempt.Status.CLIENT_ERROR, f"refused: {message}", http_status=sent)
     if isinstance(status_code, int) and status_code >= 500:
         return ProviderCallError(Attempt.Status.SERVER_ERROR, message, http_status=sent)
     if isinstance(status_code, int) and 400 <= status_code < 500:
@@ -266,6 +276,33 @@ def complete(
         request_id=str(getattr(response, "id", "") or ""),
         raw=response,
     )
+
+
+def complete_prompt(
+    *,
+    model: str,
+    prompt: str,
+    api_base: str = "",
+    api_key: str | None = None,
+    timeout: float | None = None,
+    **params: Any,
+) -> Any:
+    """One plain-text completion (a prompt already in the model's chat template), no retries: the
+    response as litellm gives it. For what the chat protocol cannot ask, such as the next token's
+    probabilities after a given prefix."""
+    try:
+        return litellm.text_completion(
+            model=model,
+            prompt=prompt,
+            api_base=api_base or None,
+            api_key=api_key,
+            timeout=timeout or settings.CONDUCTOR_PROVIDER_TIMEOUT_S,
+            num_retries=0,
+            max_retries=0,
+            **params,
+        )
+    except Exception as exc:  # litellm maps every provider failure onto its exception types
+        raise classify(exc, secrets=(api_key,)) from exc
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from routing.scoring.scorers import check_pattern
 from . import limits
 from .conductors import DEFAULT_STATIC_RULES
 from .errors import ServiceError
-from .models import ConductorVersion, DataClass, Run, Task, Worker
+from .models import ConductorVersion, DataClass, Run, RunStatus, Task, Worker
 from .providers import litellm_model_info
 from .replay import ReplayItem
 from .secrets import ENDPOINT_FIELDS, key_env_check
@@ -223,6 +223,33 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
         # A concurrent request with the same key won the race: return its task.
         return _same_or_conflict(Task.objects.get(idempotency_key=key), text), False
     return task, True
+
+
+def task_retry(*, task_id: Any, user: Any) -> Run:
+    """A new run of a failed task, with the active conductor (a `retry` run: it answers for the task as
+    its live run did). The failed runs stay as they were: nothing of their record is lost. Refused for
+    a task that has not failed, or whose content was deleted under the retention policy."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
+        if task is None:
+            raise SubmissionError("no such task")
+        if task.purged_at is not None:
+            raise SubmissionError("its content was deleted under the retention policy: nothing to run")
+        if task.status != RunStatus.FAILED:
+            raise SubmissionError(f"only a failed task is retried; this one is {task.status}")
+        conductor = conductor_active()
+        run = Run.objects.create(task=task, conductor_version=conductor, kind=Run.Kind.RETRY)
+        Task.objects.filter(pk=task.pk).update(status=RunStatus.QUEUED, finished_at=None)
+        event_record(
+            actor=Actor.for_user(user),
+            action=Action.TASK_RETRIED,
+            obj=task,
+            task_id=task.id,
+            correlation_id=run.correlation_id,
+            payload={"run_id": run.pk, "conductor": conductor.name, "previous_error": task.error},
+        )
+        transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
+    return run
 
 
 def _same_or_conflict(existing: Task, text: str) -> Task:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from audit import params
 from audit.actions import Action
@@ -18,7 +19,7 @@ from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_
 from .forms import TaskSubmitForm
 from .models import Attempt, DataClass, Run, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
-from .services import SubmissionError, TaskSubmission, task_submit
+from .services import SubmissionError, TaskSubmission, task_retry, task_submit
 
 
 @role_required(*EVERYONE)
@@ -146,6 +147,19 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
     )
 
 
+@require_POST
+@role_required(Role.OPERATOR)
+def task_retry_view(request: HttpRequest, task_id) -> HttpResponse:
+    """Run a failed task again (a retry run, with the active conductor); its failed runs stay."""
+    try:
+        run = task_retry(task_id=task_id, user=request.user)
+    except SubmissionError as exc:
+        messages.error(request, f"Not retried: {exc}")
+    else:
+        messages.success(request, f"Retrying: run {run.pk} is queued.")
+    return redirect("routing:task-detail", task_id=task_id)
+
+
 def scored_as(task: Task, runs: list[Run]) -> dict[str, str] | None:
     """The scorer that graded the task's answer and the answer it read out of it, as the run's end
     recorded them (routing.engine.finish): what a score of 0 next to a right-looking answer needs."""
@@ -188,6 +202,7 @@ def ops_overview(request: HttpRequest) -> HttpResponse:
         "periods": list(ops.PERIODS),
         "queues": ops.queue_depths(),
         "workers_alive": ops.workers_alive(),
+        "local_model": ops.local_model_state(),
     }
     template = "routing/_ops_body.html" if request.GET.get("partial") else "routing/ops.html"
     return render(request, template, context)

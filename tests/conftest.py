@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # What makes a test slow: a browser, a real Celery worker, or a process of its own (web server, demo,
 # benchmark). `make test` runs everything; `make test-quick` (-m "not slow") is the edit-run loop.
-SLOW_FIXTURES = {"celery_workers", "browser", "page", "daphne_server", "live_server", "phoenix"}
+SLOW_FIXTURES = {
+    "celery_workers",
+    "browser",
+    "page",
+    "daphne_server",
+    "live_server",
+    "phoenix",
+    "local_model_server",
+}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -93,6 +101,27 @@ def live_pool(openai_server):
 
     workers, conductor = register_pool(openai_server)
     return {"workers": workers, "conductor": conductor, "server": openai_server}
+
+
+@pytest.fixture(scope="session")
+def local_model_server() -> str:
+    """The local model's real server (llama.cpp serving SmolLM2-135M-Instruct), started for the test run
+    as the embedded PostgreSQL and Redis are (or found running); its API base. `make test` installs it."""
+    from django.conf import settings
+
+    from conductor_web import local_model
+
+    return local_model.start(settings.VAR_DIR, port=settings.LOCAL_MODEL_PORT)
+
+
+@pytest.fixture
+def local_pool(db, local_model_server):
+    """The local model registered as a worker (vendor local, $0) and as the `smollm2-local` conductor."""
+    from audit.services import Actor
+    from routing.local_model import local_model_register
+
+    worker, conductor = local_model_register(api_base=local_model_server, actor=Actor.service("tests"))
+    return {"worker": worker, "conductor": conductor, "api_base": local_model_server}
 
 
 @pytest.fixture

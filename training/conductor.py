@@ -60,7 +60,15 @@ class LearnedConductor:
             chosen = self.policy.actions[fitting[int(rng.choice(len(fitting), p=q / q.sum()))]]
         elif fitting:
             chosen = self.policy.actions[fitting[0]]
-        if chosen is None:
+        if chosen is None and request.workers:
+            # None of the policy's workflows can be offered (free text: the replay pool cannot answer
+            # it): the cheapest worker that can, as the static rules do.
+            cheapest = min(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok)
+            plan = {
+                "thought": f"no workflow of the policy fits the workers that can answer; the cheapest, {cheapest.slug}",
+                "steps": [{"worker": cheapest.slug, "instruction": request.task_text, "access": []}],
+            }
+        elif chosen is None:
             plan = {"thought": "no workflow of the policy fits the allowed workers", "steps": []}
         else:
             named = chosen.__class__(chosen.kind, tuple(allowed[w.lower()] for w in chosen.workers))

@@ -9,11 +9,12 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from ..plans import workflow_schema
-from ..providers import complete, endpoint_api_key
+from ..providers import ProviderCallError, complete, complete_prompt, endpoint_api_key
 from .base import PlanRequest, Proposal, elapsed_ms
 
 SYSTEM_PROMPT = """You are the conductor of a team of language models. Read the task and write a short \
@@ -71,6 +72,24 @@ FEW_SHOT = [
 ]
 
 
+INLINE, PROBE, NONE = "inline", "probe", "none"  # where the alternatives come from (config['alternatives'])
+
+# How each server takes the workflow's JSON schema as constrained output (config['schema_dialect']).
+VLLM, OPENAI, LLAMA_CPP = "vllm", "openai", "llama.cpp"
+SCHEMA_DIALECTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    # vLLM >= 0.12 reads structured_outputs (guided_json is ignored there), and the OpenAI form too.
+    VLLM: lambda schema: {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}},
+        "extra_body": {"structured_outputs": {"json": schema}},
+    },
+    OPENAI: lambda schema: {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}}
+    },
+    # llama.cpp's server: its own form (it refuses OpenAI's json_schema type with a 500).
+    LLAMA_CPP: lambda schema: {"response_format": {"type": "json_object", "schema": schema}},
+}
+
+
 class LLMConductor:
     """Asks a model for the workflow, with the workflow's JSON schema as a structured-output constraint."""
 
@@ -85,12 +104,28 @@ class LLMConductor:
             config.get("max_tokens", 1024)
         )  # the paper caps conductor output at 1,024 tokens
         self.top_logprobs = int(config.get("top_logprobs", 5))
+        # Where the alternatives come from (config['alternatives']): "inline", the log-probabilities of
+        # every token of the answer (vLLM: cheap); "probe", after the answer, one single-token
+        # completion per worker it named, on its own prefix (llama.cpp's server computes a token's
+        # log-probabilities in Python: 0.1 s a token, where a whole plan takes a second or two); "none".
+        self.alternatives = str(config.get("alternatives", INLINE))
+        if self.alternatives not in (INLINE, PROBE, NONE) or (
+            self.alternatives != NONE and self.top_logprobs < 1
+        ):
+            raise ValueError(
+                "config['alternatives'] is inline, probe or none (inline and probe need top_logprobs >= 1)"
+            )
+        self.schema_dialect = str(config.get("schema_dialect", VLLM))
+        if self.schema_dialect not in SCHEMA_DIALECTS:
+            raise ValueError(
+                f"config['schema_dialect'] is one of {', '.join(SCHEMA_DIALECTS)}, not {self.schema_dialect!r}"
+            )
         self.input_usd_per_mtok = Decimal(str(config.get("input_usd_per_mtok", "0")))
         self.output_usd_per_mtok = Decimal(str(config.get("output_usd_per_mtok", "0")))
 
     def messages(self, request: PlanRequest) -> list[dict[str, str]]:
         workers = "\n".join(
-            f"- {w.slug} ({w.vendor}; ${w.input_usd_per_mtok} / ${w.output_usd_per_mtok})"
+            f"- {w.slug} ({w.vendor}; ${_usd(w.input_usd_per_mtok)} / ${_usd(w.output_usd_per_mtok)})"
             + (f": {w.description}" if w.description else "")
             for w in request.workers
         )
@@ -126,9 +161,11 @@ class LLMConductor:
         messages = self.messages(request)
         schema = workflow_schema(request.allowed_slugs, max_steps=request.max_steps)
         started = time.monotonic()
-        seeded: dict[str, Any] = (
-            {"seed": request.seed} if request.temperature is not None and request.seed is not None else {}
-        )
+        params: dict[str, Any] = dict(SCHEMA_DIALECTS[self.schema_dialect](schema))
+        if request.temperature is not None and request.seed is not None:
+            params["seed"] = request.seed
+        if self.alternatives == INLINE:
+            params.update(logprobs=True, top_logprobs=self.top_logprobs)
         completion = complete(
             model=self.model,
             messages=messages,
@@ -136,13 +173,14 @@ class LLMConductor:
             api_key=endpoint_api_key(self.api_key_env),
             temperature=self.temperature if request.temperature is None else request.temperature,
             max_tokens=self.max_tokens,
-            logprobs=True,
-            top_logprobs=self.top_logprobs,
-            response_format={"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}},
-            # vLLM >= 0.12 reads structured_outputs (guided_json is ignored there).
-            extra_body={"structured_outputs": {"json": schema}},
-            **seeded,
+            **params,
         )
+        if self.alternatives == INLINE:
+            alternatives = worker_alternatives(completion.raw, request.allowed_slugs)
+        elif self.alternatives == PROBE:
+            alternatives = self.probed_alternatives(messages, completion.text, request.allowed_slugs)
+        else:
+            alternatives = []
         latency_ms = elapsed_ms(started)
         cost = (
             Decimal(completion.input_tokens) * self.input_usd_per_mtok
@@ -151,15 +189,62 @@ class LLMConductor:
         return Proposal(
             raw_output=completion.text,
             prompt=messages,
-            alternatives=worker_alternatives(completion.raw, request.allowed_slugs),
+            alternatives=alternatives,
             input_tokens=completion.input_tokens,
             output_tokens=completion.output_tokens,
             cost_usd=cost,
             latency_ms=latency_ms,
         )
 
+    def probed_alternatives(
+        self, messages: list[dict[str, str]], answer: str, slugs: list[str]
+    ) -> list[dict[str, Any]]:
+        """For each "worker" value of the answer, the model's next-token probabilities where that value
+        begins: the answer's own prefix completed by one token (the server keeps the prompt's state
+        from the plan's call, so each costs about 0.1 s). None when a probe fails: they explain a
+        plan, they are not the plan."""
+        prompt = chatml(messages)
+        result: list[dict[str, Any]] = []
+        for match in _WORKER_VALUE.finditer(answer):
+            try:
+                response = complete_prompt(
+                    model=self.model,
+                    prompt=prompt + answer[: match.end()],
+                    api_base=self.api_base,
+                    api_key=endpoint_api_key(self.api_key_env),
+                    max_tokens=1,
+                    temperature=0.0,
+                    logprobs=self.top_logprobs,
+                )
+                tops = response.choices[0].logprobs.top_logprobs[0]
+            except (ProviderCallError, AttributeError, IndexError, TypeError):
+                return []
+            result.append(
+                {"step": len(result), "candidates": [_candidate(t, lp, slugs) for t, lp in tops.items()]}
+            )
+        return result
+
+
+def _usd(price: Decimal) -> str:
+    """A price as few tokens say it: 3, 0.075, 0 (not 3.0000000000, 0E-10)."""
+    return format(price.normalize(), "f")
+
+
+def chatml(messages: list[dict[str, str]]) -> str:
+    """The messages in ChatML, the chat template of SmolLM2 and Qwen, as their servers render them
+    (the prompt a probe continues: the same text, so the server reuses the state it kept)."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+def _candidate(token: str, logprob: float, slugs: list[str]) -> dict[str, Any]:
+    """A token the model weighed, its probability, and the worker names it begins."""
+    workers = [s for s in slugs if s.startswith(token)] if token else []
+    return {"token": token, "p": round(math.exp(logprob), 6), "workers": workers}
+
 
 _WORKER_KEY = re.compile(r'"worker"\s*:\s*"$')
+_WORKER_VALUE = re.compile(r'"worker"\s*:\s*"')
 
 
 def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]:
@@ -188,8 +273,7 @@ def worker_alternatives(response: Any, slugs: list[str]) -> list[dict[str, Any]]
             for top in tops:
                 top_token = top["token"] if isinstance(top, dict) else top.token
                 logprob = top["logprob"] if isinstance(top, dict) else top.logprob
-                workers = [s for s in slugs if s.startswith(top_token)] if top_token else []
-                candidates.append({"token": top_token, "p": round(math.exp(logprob), 6), "workers": workers})
+                candidates.append(_candidate(top_token, logprob, slugs))
             result.append({"step": len(result), "candidates": candidates})
         text += token
     return result

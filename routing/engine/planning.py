@@ -14,6 +14,7 @@ from django.db import transaction
 from audit import policies
 from audit.actions import Action
 
+from .. import replay
 from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_load
 from ..models import (
     CONDUCTOR_SLUG,
@@ -25,7 +26,7 @@ from ..models import (
     Worker,
 )
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
-from ..providers import ProviderCallError
+from ..providers import REPLAY_PROVIDER, ProviderCallError
 from .calls import backoff, begin_with_plan, last_response_before, visible_steps
 from .record import (
     Fence,
@@ -42,6 +43,12 @@ from .record import (
 log = logging.getLogger(__name__)
 
 
+NO_WORKER_ANSWERS = (
+    "no worker can answer this task: the replay pool answers only the benchmark items it recorded, and "
+    "no live worker is registered (the local model registers itself once its server is up: "
+    "`manage.py local_model up`); retry the task then"
+)
+
 PLAN_TRIES = 2  # an invalid plan is retried once with the error shown to the conductor
 
 
@@ -53,7 +60,23 @@ def screened_workers(
     now when not given)."""
     if workers is None:
         workers = list(Worker.objects.filter(enabled=True).order_by("slug"))
-    return policies.screen(workers, task.classification, rules)
+    return policies.screen(answering(task, workers), task.classification, rules)
+
+
+def answering(task: Task, workers: list[Worker]) -> list[Worker]:
+    """The workers that can answer the task: a replay worker only for a benchmark item it recorded an
+    answer to (the task's item, or a task whose text is one), every other worker always. A replay
+    worker is never offered what it cannot answer, so free text never becomes a vendor's error."""
+    if not any(w.litellm_model.startswith(f"{REPLAY_PROVIDER}/") for w in workers):
+        return workers
+    item = replay.find_item(item_id=task.source_item or None, texts=[task.text])
+    recorded = set(item.outcomes) if item is not None else set()
+    return [
+        w
+        for w in workers
+        if not w.litellm_model.startswith(f"{REPLAY_PROVIDER}/")
+        or w.litellm_model.removeprefix(f"{REPLAY_PROVIDER}/") in recorded
+    ]
 
 
 def plan_request(
@@ -74,7 +97,11 @@ def plan_request(
 def _offerable_workers(
     task: Task, rules: list[policies.PolicyRule], enabled: list[Worker] | None = None
 ) -> tuple[list[Worker], dict[str, policies.Verdict]]:
+    if enabled is None:
+        enabled = list(Worker.objects.filter(enabled=True).order_by("slug"))
     workers, withheld = screened_workers(task, rules, enabled)
+    if enabled and not workers and not withheld:  # none withheld by a rule: none could answer
+        raise RunStopped(NO_WORKER_ANSWERS, stop_reason=StopReason.NO_RECORDED_ANSWER)
     if not workers:
         reasons = "; ".join(f"{v.worker}: {v.rule}" for v in withheld.values()) or "no enabled workers"
         raise RunStopped(

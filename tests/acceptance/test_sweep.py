@@ -37,6 +37,7 @@ OPERATORS = _row("login", 403, 403, 200, 403, 200)
 TRAINING_READERS = _row("login", 403, 200, 403, 200, 200)
 TRAINING_READERS_API = _row(403, 403, 200, 403, 200, 200)
 TRAINING_ACTION_API = _row(403, 403, 405, 403, 405, 405)  # POST actions, read by GET: allowed readers get 405
+EVERYONE_ACTION_API = _row(403, 403, 405, 405, 405, 405)  # a POST action any role may read by GET: 405
 POST_ONLY = _row(405, 405, 405, 405, 405, 405)
 OPEN = _row(200, 200, 200, 200, 200, 200)
 TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
@@ -48,6 +49,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:task-submit": OPERATORS,
     "routing:task-detail": EVERYONE,
     "routing:task-graph": EVERYONE,
+    "routing:task-retry": POST_ONLY,
     "routing:worker-list": EVERYONE,
     "routing:attempt-list": EVERYONE,
     "routing:ops": EVERYONE,
@@ -71,6 +73,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "training-api:api-root": TRAINING_READERS_API,
     "task-list": EVERYONE_API,
     "task-detail": EVERYONE_API,
+    "task-retry": EVERYONE_ACTION_API,
     "worker-list": EVERYONE_API,
     "worker-detail": EVERYONE_API,
     "api-root": EVERYONE_API,

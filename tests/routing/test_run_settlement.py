@@ -2,8 +2,8 @@
 
 Steps that never ran because the run stopped are skipped with the reason; a step an unexpected error
 interrupted is failed. Each settlement is an engine event on the run's chain, before the chain is sealed.
-The replay pool's answer to free text is a clear, intended failure: its own message, no retries, no
-litellm exception text.
+Free text that no worker can answer (the replay pool recorded none of it) is a clear, intended failure
+before any call: its own message, no vendor asked, no litellm exception text.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from audit.models import AuditEvent, Role
 from audit.verify import verify
 from routing import engine
 from routing.conductors import Proposal, backend_register
+from routing.engine.planning import NO_WORKER_ANSWERS
 from routing.models import Attempt, ConductorVersion, Run, RunStatus, Step, StepStatus, Task
-from routing.providers import NO_RECORDED_ANSWER, NO_RECORDED_ANSWER_MESSAGE
+from routing.providers import NO_RECORDED_ANSWER, NO_RECORDED_ANSWER_MESSAGE, ProviderCallError, complete
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import run_now, submit
 from training.policy import Policy, Workflow
@@ -61,43 +62,40 @@ def settlement_events(run: Run) -> list[AuditEvent]:
     )
 
 
-def test_free_text_on_the_replay_pool_fails_clearly_and_settles_the_conductor_step(replay_pool, tmp_path):
-    """The demo's first question: the learned cascade's cheap workers have no recorded answer."""
+def test_free_text_on_the_replay_pool_alone_fails_clearly_before_any_call(replay_pool, tmp_path):
+    """The demo's first question before any live worker is registered: no worker of the replay pool
+    recorded an answer to it, so none is offered it; the run stops before its plan, and no vendor is
+    asked anything (none is counted as failing)."""
     learned_cascade(tmp_path / "policy.json", (CHEAP_A, CHEAP_B, JUDGE))
 
     run = run_now(submit("What is 17 * 24?"))
 
     assert run.status == RunStatus.FAILED
     assert run.stop_reason == NO_RECORDED_ANSWER
-    assert NO_RECORDED_ANSWER_MESSAGE in run.error
+    assert run.error == NO_WORKER_ANSWERS
     task = Task.objects.get(pk=run.task_id)
-    assert task.status == RunStatus.FAILED and NO_RECORDED_ANSWER_MESSAGE in task.error
-    steps = assert_settled(run)
-    conductor_step = steps[(0, 2, "conductor")]
-    assert conductor_step.status == StepStatus.SKIPPED
-    assert conductor_step.note.startswith(f"not run: the run stopped ({NO_RECORDED_ANSWER})")
-    assert conductor_step.started_at is None and not conductor_step.attempts.exists()
-    # Both cheap workers were asked once each (they run concurrently): no retries of a known answer.
-    for key in ((0, 0, CHEAP_A), (0, 1, CHEAP_B)):
-        assert steps[key].status == StepStatus.FAILED
-        assert NO_RECORDED_ANSWER_MESSAGE in steps[key].error
-    attempts = list(Attempt.objects.filter(step__run=run))
-    assert len(attempts) == 2
-    assert {a.error for a in attempts} == {NO_RECORDED_ANSWER_MESSAGE}
-    assert {a.status for a in attempts} == {Attempt.Status.CLIENT_ERROR}
-    texts = [run.error, task.error] + [s.error for s in steps.values()] + [a.error for a in attempts]
-    for text in texts:
-        assert not any(noise in text for noise in NOISE), text
-    failed = AuditEvent.objects.filter(correlation_id=run.correlation_id, action="attempt.failed")
-    assert {(e.payload["code"], e.payload["retryable"]) for e in failed} == {(NO_RECORDED_ANSWER, False)}
-    # The settlement is on the run's chain, after the steps' own events and before the run's end.
-    (skipped,) = settlement_events(run)
-    assert (skipped.action, skipped.object_id) == ("step.skipped", str(conductor_step.pk))
-    run_failed = AuditEvent.objects.get(correlation_id=run.correlation_id, action="run.failed")
-    assert skipped.seq < run_failed.seq
+    assert task.status == RunStatus.FAILED and task.error == NO_WORKER_ANSWERS
+    assert not Step.objects.filter(run=run).exists()
+    assert not Attempt.objects.filter(step__run=run).exists()
+    assert not any(noise in run.error for noise in NOISE), run.error
+    assert verify(chains=[f"run:{run.correlation_id}"]).intact
+    failed = AuditEvent.objects.get(correlation_id=run.correlation_id, action="run.failed")
+    assert failed.payload["stop_reason"] == NO_RECORDED_ANSWER
 
 
-def test_the_task_page_shows_the_replay_pools_message(replay_pool, tmp_path, make_user):
+def test_a_replay_miss_is_not_a_vendors_error(replay_pool):
+    """Asked what it never recorded, the replay pool answers with its own status, outside the errors
+    that the overview counts against a vendor, and it is never retried."""
+    with pytest.raises(ProviderCallError) as raised:
+        complete(model=f"replay/{CHEAP_A}", messages=[{"role": "user", "content": "What is 17 * 24?"}])
+
+    assert raised.value.status == Attempt.Status.NO_RECORDING
+    assert raised.value.status not in Attempt.ERRORS
+    assert not raised.value.retryable
+    assert str(raised.value) == NO_RECORDED_ANSWER_MESSAGE
+
+
+def test_the_task_page_shows_why_free_text_found_no_worker(replay_pool, tmp_path, make_user):
     learned_cascade(tmp_path / "policy.json", (CHEAP_A, CHEAP_B, JUDGE))
     run = run_now(submit("What is 17 * 24?"))
     client = Client()
@@ -105,8 +103,8 @@ def test_the_task_page_shows_the_replay_pools_message(replay_pool, tmp_path, mak
 
     html = client.get(f"/tasks/{run.task_id}/").content.decode()
 
-    assert NO_RECORDED_ANSWER_MESSAGE in html
-    assert "Skipped" in html and "not run: the run stopped" in html
+    assert "no worker can answer this task" in html
+    assert "Retry" in html  # an operator may run it again once a live worker is up
     assert not any(noise in html for noise in ("Traceback", "ReplayException", "litellm.NotFoundError"))
 
 

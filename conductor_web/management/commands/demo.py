@@ -20,6 +20,9 @@ from conductor_web import embedded
 from conductor_web.celery import beat_command, worker_command
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 
+# Started with the others, but done once it has done its work: its end is no failure of the demo.
+ONE_SHOT = {"local-model"}
+
 
 class Command(BaseCommand):
     help = (
@@ -39,6 +42,11 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--concurrency", type=int, default=2, help="Celery worker processes")
         parser.add_argument("--exit", action="store_true", help="stop web and worker once the batch is done")
+        parser.add_argument(
+            "--no-local-model",
+            action="store_true",
+            help="do not bring up the local model (SmolLM2-135M on llama.cpp's server) beside the demo",
+        )
         parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for the batch")
         parser.add_argument(
             "--grace",
@@ -122,6 +130,10 @@ class Command(BaseCommand):
                 "conductor_web.asgi:application",
             ],
         }
+        # The local model comes up beside the demo, which starts on the replay pool and does not wait:
+        # the first time, its server's wheel is built (minutes); the live overview says how far it is.
+        if not o["no_local_model"]:
+            services["local-model"] = [sys.executable, "manage.py", "local_model", "up"]
         for name, command in services.items():
             self.deferring = True
             try:
@@ -150,6 +162,8 @@ class Command(BaseCommand):
         self.stdout.write("Serving; press Ctrl-C to stop.")
         while True:
             for name, proc in procs.items():
+                if name in ONE_SHOT:
+                    continue
                 if proc.poll() is not None:
                     raise CommandError(
                         f"{name} stopped (exit status {proc.returncode}); see {log_dir / (name + '.log')}"

@@ -33,7 +33,9 @@ class Command(BaseCommand):
                 "output_usd_per_mtok": Decimal(str(info["output_usd_per_mtok"])),
                 "price_source": Worker.PriceSource.LIST,
                 "data_classes": list(DATA_CLASSES),
-                "description": f"recorded answers of {name}",
+                # Nothing to tell a conductor beyond its name, vendor and prices (every word of a
+                # description is read on every plan).
+                "description": "",
             }
             _, created = worker_upsert(slug=slug, fields=fields, actor=actor)
             if options["verbosity"] > 1 or created and options["verbosity"] > 0:
