@@ -36,7 +36,10 @@ def test_each_dialect_sends_the_schema_in_its_servers_form(openai_server):
     assert vllm["response_format"]["json_schema"]["schema"] == schema
     openai = asked(openai_server, schema_dialect="openai")
     assert "structured_outputs" not in openai
-    assert openai["response_format"] == {"type": "json_schema", "json_schema": {"name": "workflow", "schema": schema}}
+    assert openai["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "workflow", "schema": schema},
+    }
     llama = asked(openai_server, schema_dialect="llama.cpp")
     assert "structured_outputs" not in llama
     assert llama["response_format"] == {"type": "json_object", "schema": schema}
@@ -54,7 +57,11 @@ def test_log_probabilities_are_asked_only_where_they_are_read(openai_server):
 
 @pytest.mark.parametrize(
     "config",
-    [{"schema_dialect": "json_schema"}, {"alternatives": "always"}, {"alternatives": "probe", "top_logprobs": 0}],
+    [
+        {"schema_dialect": "json_schema"},
+        {"alternatives": "always"},
+        {"alternatives": "probe", "top_logprobs": 0},
+    ],
 )
 def test_a_config_the_conductor_cannot_follow_is_refused_when_it_is_built(config):
     with pytest.raises(ValueError):
