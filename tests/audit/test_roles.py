@@ -30,12 +30,13 @@ ADMINS = {"admin"}
 # Anything under /audit/ (namespaces audit and compliance) is for auditors unless listed here.
 AUDIT_EXCEPTIONS = {"compliance:hold": ADMINS, "audit:tokens": EVERY_ROLE}  # tokens: each role, its own
 # Task pages are for every role unless listed here.
-TASK_EXCEPTIONS = {"routing:task-submit": SUBMITTERS}
+TASK_EXCEPTIONS = {"routing:task-submit": SUBMITTERS, "routing:task-retry": SUBMITTERS}
 # Methods to try per page (GET unless listed).
 METHODS = {
     "compliance:hold": ["POST"],
     "audit:verify": ["GET", "POST"],
     "routing:task-submit": ["GET", "POST"],
+    "routing:task-retry": ["POST"],  # the task has not failed: refused with a message, on its page
 }
 # Values for the URL parameters; a new parameter name must be added here.
 SAMPLES = {"task_id": ["<task>"], "fmt": ["csv", "jsonl"]}
