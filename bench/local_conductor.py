@@ -67,7 +67,9 @@ def main() -> None:
         engine.execute_run(link.run_id)
     wall = time.monotonic() - started
     evaluation = evaluation_refresh(evaluation)
-    runs = EvaluationRun.objects.filter(evaluation=evaluation, side="candidate").values_list("run_id", flat=True)
+    runs = EvaluationRun.objects.filter(evaluation=evaluation, side="candidate").values_list(
+        "run_id", flat=True
+    )
     decisions = list(Decision.objects.filter(run_id__in=list(runs), depth=0).order_by("run_id", "attempt"))
     first = [d for d in decisions if d.attempt == 1]
     latencies = [d.latency_ms / 1000 for d in decisions]
@@ -79,7 +81,10 @@ def main() -> None:
         "plan_s_p50": round(statistics.median(latencies), 2),
         "plan_s_p95": round(percentile(latencies, 0.95), 2),
         "output_tokens_p50": statistics.median(out_tokens),
-        "with_alternatives": round(sum(bool(d.alternatives) for d in decisions if d.valid) / max(1, sum(d.valid for d in decisions)), 3),
+        "with_alternatives": round(
+            sum(bool(d.alternatives) for d in decisions if d.valid) / max(1, sum(d.valid for d in decisions)),
+            3,
+        ),
         "candidate": evaluation.results["candidate"],
         "baseline": evaluation.results["baseline"],
         "wall_s": round(wall, 1),

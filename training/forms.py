@@ -11,6 +11,7 @@ from routing.limits import NAME_MAX_CHARS, NAME_RULE, name_check
 from routing.models import ConductorVersion
 
 from . import limits
+from .local_base import local_base_available, local_base_dir
 from .models import Dataset, RolloutBatch, TrainingJob
 from .services import (
     LEARNED_DEFAULTS,
@@ -26,6 +27,9 @@ SPLITS = [("train", "train"), ("dev", "dev")]
 
 
 def default_base_model_path() -> str:
+    """The local model (SmolLM2-135M-Instruct) where it is installed, else the tiny test model."""
+    if local_base_available():
+        return str(local_base_dir())
     return str(settings.VAR_DIR / "models" / "tiny-qwen2")
 
 
@@ -88,7 +92,13 @@ class JobStartForm(forms.Form):
         LEARNED_LIMITS, LEARNED_DEFAULTS, "cost_penalty_per_usd", label="Cost penalty per USD"
     )
     # The LLM conductor (TRL GRPO + LoRA)
-    base_model_path = forms.CharField(max_length=500, required=False, label="Base model path")
+    base_model_path = forms.CharField(
+        max_length=500,
+        required=False,
+        label="Base model path",
+        help_text="A local directory (transformers' save_pretrained). The local model's, SmolLM2-135M-Instruct, "
+        "is made from its server's weights by the job; an adapter trained on it is served by that server.",
+    )
     max_steps = _bounded(LORA_LIMITS, LORA_DEFAULTS, "max_steps", label="Max steps")
     num_generations = _bounded(LORA_LIMITS, LORA_DEFAULTS, "num_generations", label="Generations per prompt")
     lora_learning_rate = _bounded(LORA_LIMITS, LORA_DEFAULTS, "learning_rate", label="Learning rate")

@@ -21,11 +21,13 @@ from audit.actions import Action
 from audit.services import event_record
 from audit.templatetags.display import plain, settings_text
 from routing import replay
+from routing.local_model import conductor_config, local_api_base
 from routing.models import ConductorVersion
 from routing.secrets import redact
 
 from .engine_reward import EngineReward
 from .frontier import COST_PENALTIES, REFINE, gate_policy, sweep
+from .local_base import is_local_base, local_base_export
 from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
 from .policy import GRPOConfig, Policy, default_actions, outcome_table, train
@@ -252,6 +254,12 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
     o = job.options
     out = _artifact_dir(job, "adapters")
     reward = EngineReward(job)
+    local = is_local_base(o["base_model_path"])
+    if local:
+        _log(
+            job, "base: the local model, SmolLM2-135M-Instruct (its checkpoint made from its GGUF file once)"
+        )
+        local_base_export()
     _log(job, f"{len(data)} prompts from {job.dataset}; base model {o['base_model_path']}")
     result = run_grpo_lora(
         base_model_path=o["base_model_path"],
@@ -274,13 +282,20 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         },
         on_log=lambda step, total, metrics: _progress(job, step, total, metrics),
     )
-    config = {
-        "model": f"hosted_vllm/{job.name}",
-        "api_base": settings.CONDUCTOR_VLLM_API_BASE,
+    adapter = {
         "lora_name": job.name,
         "lora_path": str(result["adapter_dir"]),
         "base_model_path": o["base_model_path"],
     }
+    if local:  # served by the local model's server (llama.cpp), as the base model is
+        config = {
+            **conductor_config(local_api_base()),
+            "model": f"openai/{job.name}",
+            "serving": "llama.cpp",
+            **adapter,
+        }
+    else:  # served by vLLM, which loads the adapter at run time
+        config = {"model": f"hosted_vllm/{job.name}", "api_base": settings.CONDUCTOR_VLLM_API_BASE, **adapter}
     note = f"TRL GRPO + LoRA (r={o['lora_r']}) for {result['global_step']} steps on {job.dataset}"
     return Path(result["adapter_dir"]), config, note
 

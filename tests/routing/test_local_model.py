@@ -6,6 +6,7 @@ what happens when it refuses, writes nonsense, is too slow, or dies mid-call.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import threading
@@ -183,14 +184,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_a_server_killed_mid_call_fails_the_step_with_a_clear_reason(replay_pool, local_pool):
+def test_a_server_killed_mid_call_fails_the_step_with_a_clear_reason(replay_pool, local_pool, tmp_path):
     """A second server of the same model, killed while it answers: the call in flight and the ones that
     follow are recorded (each a server error, nothing taken for an answer), and the run fails."""
     weights = server.weights_file()
     assert weights is not None
     port = _free_port()
+    config = tmp_path / "server.json"
+    config.write_text(json.dumps(server.server_config(weights, port)))
     proc = subprocess.Popen(
-        server.server_command(weights, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        server.server_command(config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         api_base = f"http://127.0.0.1:{port}/v1"

@@ -1,6 +1,7 @@
 """Training's services (writes, each in one transaction with its audit event), one module per
 concern: items, rollouts, datasets, jobs, evaluations, versions; `common` holds what they share."""
 
+from .adapters import adapter_load, adapter_server_register
 from .common import (
     FINISHED_RUN,
     MAX_ITEMS,
@@ -51,6 +52,8 @@ from .versions import (
 )
 
 __all__ = [
+    "adapter_load",
+    "adapter_server_register",
     "DATASET_FILES",
     "DATASET_LOCK_NAMESPACE",
     "DatasetFilter",

