@@ -248,20 +248,16 @@ def complete(
     **params: Any,
 ) -> Completion:
     """One provider call, no retries (the engine retries so that each attempt is recorded)."""
-    try:
-        response = litellm.completion(
-            model=model,
-            messages=messages,
-            api_base=api_base or None,
-            api_key=api_key,
-            timeout=timeout or settings.CONDUCTOR_PROVIDER_TIMEOUT_S,
-            num_retries=0,
-            max_retries=0,
-            metadata=metadata or {},
-            **params,
-        )
-    except Exception as exc:  # litellm maps every provider failure onto its exception types
-        raise classify(exc, secrets=(api_key,)) from exc
+    response = _litellm(
+        litellm.completion,
+        model=model,
+        messages=messages,
+        api_base=api_base,
+        api_key=api_key,
+        timeout=timeout,
+        metadata=metadata or {},
+        **params,
+    )
     if not getattr(response, "choices", None):
         raise ProviderCallError(
             Attempt.Status.MALFORMED, "malformed answer: the provider answered with no choices"
@@ -290,10 +286,21 @@ def complete_prompt(
     """One plain-text completion (a prompt already in the model's chat template), no retries: the
     response as litellm gives it. For what the chat protocol cannot ask, such as the next token's
     probabilities after a given prefix."""
+    return _litellm(
+        litellm.text_completion,
+        model=model,
+        prompt=prompt,
+        api_base=api_base,
+        api_key=api_key,
+        timeout=timeout,
+        **params,
+    )
+
+
+def _litellm(call: Any, *, api_base: str, api_key: str | None, timeout: float | None, **params: Any) -> Any:
+    """One litellm call, never retried by litellm; its failure classified (the key redacted)."""
     try:
-        return litellm.text_completion(
-            model=model,
-            prompt=prompt,
+        return call(
             api_base=api_base or None,
             api_key=api_key,
             timeout=timeout or settings.CONDUCTOR_PROVIDER_TIMEOUT_S,

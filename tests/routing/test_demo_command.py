@@ -90,7 +90,9 @@ def start_demo(transactional_db, tmp_path):
             # A session of its own, like a shell job: a Ctrl-C goes to its whole process group.
             proc = subprocess.Popen(
                 [sys.executable, "manage.py", "demo", "--count", str(count), "--port", str(port)]
-                + ["--concurrency", "1", "--grace", str(GRACE_S)],
+                + ["--concurrency", "1", "--grace", str(GRACE_S)]
+                # The local model's server outlives a demo, as PostgreSQL and Redis do: tested below.
+                + ["--no-local-model"],
                 cwd=ROOT,
                 env={**env, "CONDUCTOR_REPLAY_LATENCY_S": "300"} if busy else env,
                 stdin=subprocess.DEVNULL,
@@ -176,6 +178,24 @@ def test_services_stop_stops_what_a_killed_demo_left_running(start_demo):
     assert result.returncode == 0, result.stderr
     assert "web" in result.stdout and "worker" in result.stdout, result.stdout
     _assert_all_stopped(demo)
+
+
+def test_services_stop_stops_the_local_model_server(tmp_path, local_model_server):
+    from conductor_web import embedded, local_model
+
+    var_dir = tmp_path / "var"
+    api = local_model.start(var_dir, port=_free_port())
+    pid = embedded.process_running(var_dir, local_model.PROCESS_NAME)
+    assert pid and local_model.healthy(api)
+    assert local_model.state_read(var_dir)["state"] == "up"
+
+    stopped = embedded.stop(var_dir, grace=5)
+
+    assert local_model.PROCESS_NAME in stopped
+    assert not local_model.healthy(api)
+    with contextlib.suppress(psutil.NoSuchProcess):  # gone: stopped
+        assert not _alive(psutil.Process(pid))
+    assert not list((var_dir / "run").glob("*.json"))
 
 
 # --- the records `services stop` reads ------------------------------------------------------------------

@@ -15,17 +15,16 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from conductor_web import local_model
 from routing import engine, replay
-from routing.models import ConductorVersion, Decision, Run, RunStatus, Task
-from routing.services import TaskSubmission, conductor_active, task_submit
+from routing.models import ConductorVersion, Decision, RunStatus, Task
+from routing.services import TaskSubmission, task_submit
+from tests.training.test_lora_job import dataset_of_two_items
 from training.local_base import local_base_dir
-from training.models import JobStatus, Rollout, TrainingMetric
-from training.rewards import RewardConfig
-from training.services import conductor_promote, dataset_build, job_start, rollouts_start
+from training.models import JobStatus, TrainingMetric
+from training.services import conductor_promote, job_start
 from training.tasks import train_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ACTOR = Actor.service("test")
-ITEMS = ["cruxeval-o:crux-test-#1", "gsm8k:gsm8k-main-test-#1000"]
 
 
 @pytest.fixture
@@ -39,20 +38,10 @@ def served_adapters_restored(local_model_server):
         local_model.start(settings.VAR_DIR, port=settings.LOCAL_MODEL_PORT)
 
 
-def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(replay_pool, local_pool, served_adapters_restored):
-    batch = rollouts_start(version=conductor_active(), items=ITEMS, k=2, temperature=1.0, actor=ACTOR)
-    for rollout in Rollout.objects.filter(batch=batch).select_related("task"):
-        worker = "gpt-4o-2024-08-06" if rollout.sample == 0 else "gemma-2-9b-it"
-        plan = {"thought": "t", "steps": [{"worker": worker, "instruction": rollout.task.text, "access": []}]}
-        Run.objects.filter(pk=rollout.run_id).update(plan_override=json.dumps(plan))
-        engine.execute_run(rollout.run_id)
-    dataset = dataset_build(
-        name="local-lora-data",
-        batch_ids=[batch.pk],
-        reward_config=RewardConfig(format_term=True),
-        validation_fraction=0.0,
-        actor=ACTOR,
-    )
+def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(
+    replay_pool, local_pool, served_adapters_restored
+):
+    dataset = dataset_of_two_items("local-lora-data")
 
     job = job_start(
         name="smollm2-grpo-test",
@@ -77,7 +66,10 @@ def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(replay_pool, l
         assert "reward" in point.values and "loss" in point.values
         candidate = job.candidate
         assert candidate.backend == ConductorVersion.Backend.LLM
-        assert (candidate.config["serving"], candidate.config["model"]) == ("llama.cpp", "openai/smollm2-grpo-test")
+        assert (candidate.config["serving"], candidate.config["model"]) == (
+            "llama.cpp",
+            "openai/smollm2-grpo-test",
+        )
         assert Path(candidate.config["lora_path"]) == adapter
 
         conductor_promote(version=candidate, actor=ACTOR)

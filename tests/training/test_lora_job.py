@@ -15,7 +15,7 @@ from routing import engine
 from routing.models import ConductorVersion, Decision, Run, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
 from tests.openai_server import Reply
-from training.models import JobStatus, Rollout, RolloutBatch, TrainingMetric
+from training.models import Dataset, JobStatus, Rollout, RolloutBatch, TrainingMetric
 from training.rewards import RewardConfig
 from training.services import conductor_promote, dataset_build, job_start, rollouts_start
 from training.tasks import train_job
@@ -30,23 +30,29 @@ def given(task: Task, worker: str) -> str:
     return json.dumps({"thought": "t", "steps": [{"worker": worker, "instruction": task.text, "access": []}]})
 
 
-def test_a_lora_job_trains_on_engine_rewards_and_its_promotion_loads_the_adapter(
-    replay_pool, openai_server, settings, tmp_path
-):
-    settings.VAR_DIR = tmp_path
-    settings.CONDUCTOR_VLLM_API_BASE = openai_server.base_url
+def dataset_of_two_items(name: str) -> Dataset:
+    """A GRPO dataset from rollouts of two recorded items, two samples each (one strong worker's plan,
+    one weak worker's), executed by the engine: the prompts a LoRA job trains on."""
     batch = rollouts_start(version=conductor_active(), items=ITEMS, k=2, temperature=1.0, actor=ACTOR)
     for rollout in Rollout.objects.filter(batch=batch).select_related("task"):
         worker = "gpt-4o-2024-08-06" if rollout.sample == 0 else "gemma-2-9b-it"
         Run.objects.filter(pk=rollout.run_id).update(plan_override=given(rollout.task, worker))
         engine.execute_run(rollout.run_id)
-    dataset = dataset_build(
-        name="lora-data",
+    return dataset_build(
+        name=name,
         batch_ids=[batch.pk],
         reward_config=RewardConfig(format_term=True),
         validation_fraction=0.0,
         actor=ACTOR,
     )
+
+
+def test_a_lora_job_trains_on_engine_rewards_and_its_promotion_loads_the_adapter(
+    replay_pool, openai_server, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    settings.CONDUCTOR_VLLM_API_BASE = openai_server.base_url
+    dataset = dataset_of_two_items("lora-data")
     make_tiny_model(tmp_path / "models" / "tiny-qwen2")
 
     job = job_start(
