@@ -106,8 +106,9 @@ class LLMConductor:
         self.top_logprobs = int(config.get("top_logprobs", 5))
         # Where the alternatives come from (config['alternatives']): "inline", the log-probabilities of
         # every token of the answer (vLLM: cheap); "probe", after the answer, one single-token
-        # completion per worker it named, on its own prefix (llama.cpp's server computes a token's
-        # log-probabilities in Python: 0.1 s a token, where a whole plan takes a second or two); "none".
+        # completion per worker it named, on its own prefix (llama.cpp's server sorts the vocabulary in
+        # Python for each token it gives log-probabilities of: 0.1 s a token, 16 s for a plan that takes
+        # 2.5 s without them); "none".
         self.alternatives = str(config.get("alternatives", INLINE))
         if self.alternatives not in (INLINE, PROBE, NONE) or (
             self.alternatives != NONE and self.top_logprobs < 1
@@ -200,9 +201,10 @@ class LLMConductor:
         self, messages: list[dict[str, str]], answer: str, slugs: list[str]
     ) -> list[dict[str, Any]]:
         """For each "worker" value of the answer, the model's next-token probabilities where that value
-        begins: the answer's own prefix completed by one token (the server keeps the prompt's state
-        from the plan's call, so each costs about 0.1 s). None when a probe fails: they explain a
-        plan, they are not the plan."""
+        begins: the answer's own prefix completed by one token. The server keeps the prompt's state
+        from the plan's call, so a probe evaluates one token, but llama.cpp's server still takes the
+        log-softmax of every position it holds: about 0.6 s a probe on a 700-token prompt on 2 cores.
+        None when a probe fails: they explain a plan, they are not the plan."""
         prompt = chatml(messages)
         result: list[dict[str, Any]] = []
         for match in _WORKER_VALUE.finditer(answer):
@@ -219,9 +221,8 @@ class LLMConductor:
                 tops = response.choices[0].logprobs.top_logprobs[0]
             except (ProviderCallError, AttributeError, IndexError, TypeError):
                 return []
-            result.append(
-                {"step": len(result), "candidates": [_candidate(t, lp, slugs) for t, lp in tops.items()]}
-            )
+            ranked = sorted(tops.items(), key=lambda top: -top[1])
+            result.append({"step": len(result), "candidates": [_candidate(t, lp, slugs) for t, lp in ranked]})
         return result
 
 

@@ -211,7 +211,7 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
         return messages
 
     def text_cut(task, pools=None):  # a prompt that quotes the task's text shortened
-        return original(Task(text=task.text[:40], **shape), pools)
+        return original(Task(text=task.text[:40], source_item=task.source_item, **shape), pools)
 
     def text_counted(task, pools=None):  # the text once, as it is, and its length elsewhere
         messages = original(task, pools)
@@ -233,8 +233,10 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
         monkeypatch.setattr(datasets_service, "conductor_prompt", counted)
         prompts = datasets_service._Prompts()
         for text in texts:
-            expected = conductor_prompt(Task(text=text, **shape))
-            assert prompts.of(text, **shape) == json.dumps(expected, ensure_ascii=False), conductor_prompt
+            expected = conductor_prompt(Task(text=text, source_item=ITEM, **shape))
+            assert prompts.of(text, item=ITEM, **shape) == json.dumps(expected, ensure_ascii=False), (
+                conductor_prompt
+            )
         if per_text:  # each text's own prompt
             assert len(calls) > len(texts), (conductor_prompt, calls)
         else:  # the template, from the marker, checked once on a second text

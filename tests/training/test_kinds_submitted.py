@@ -3,6 +3,7 @@ Kind, the API's `domain`) is whatever label the deployment uses, and the policy 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,8 @@ from rest_framework.test import APIClient
 
 from audit.models import Role
 from routing import engine
-from routing.models import ConductorVersion, Decision, Task
+from routing.models import ConductorVersion, Decision, Task, Worker
+from tests.openai_server import Reply
 from training.policy import GRPOConfig, Policy, Workflow, train
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,12 +51,30 @@ def trained_on_made_up_kinds(tmp_path) -> ConductorVersion:
     return version
 
 
+@pytest.fixture
+def live_cheap_and_strong(openai_server) -> None:
+    """The two workers the policy names, as live endpoints (free text is never offered to the replay
+    pool, which answers only the items it recorded)."""
+    for slug in (CHEAP, STRONG):
+        Worker.objects.create(
+            slug=slug,
+            display_name=slug,
+            litellm_model=f"openai/{slug}",
+            api_base=openai_server.base_url,
+            vendor="openai",
+            input_usd_per_mtok=Decimal("0.15") if slug == CHEAP else Decimal("2.5"),
+            output_usd_per_mtok=Decimal("0.6") if slug == CHEAP else Decimal("10"),
+            price_source=Worker.PriceSource.OVERRIDE,
+        )
+        openai_server.program(slug, [Reply("1")])
+
+
 def planned_worker(task: Task) -> str:
     engine.execute_run(task.runs.get().pk)
     return Decision.objects.get(run__task=task, depth=0).plan["steps"][0]["worker"]
 
 
-def test_the_kind_set_on_the_form_or_the_api_routes_the_task(replay_pool, tmp_path, make_user):
+def test_the_kind_set_on_the_form_or_the_api_routes_the_task(live_cheap_and_strong, tmp_path, make_user):
     trained_on_made_up_kinds(tmp_path)
     operator = make_user("otto", Role.OPERATOR)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from routing.services import TaskSubmission, task_submit
 from tests.training.test_lora_job import dataset_of_two_items
 from training.local_base import local_base_dir
 from training.models import JobStatus, TrainingMetric
-from training.services import conductor_promote, job_start
+from training.services import conductor_promote, dataset_files, job_start
 from training.tasks import train_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +42,7 @@ def served_adapters_restored(local_model_server):
 def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(
     replay_pool, local_pool, served_adapters_restored
 ):
-    dataset = dataset_of_two_items("local-lora-data")
+    dataset = dataset_of_two_items(f"local-lora-{uuid.uuid4().hex[:8]}")  # var/ outlives the test database
 
     job = job_start(
         name="smollm2-grpo-test",
@@ -95,3 +96,4 @@ def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(
         assert decision.valid and run.status == RunStatus.SUCCEEDED, decision.error or run.error
     finally:
         shutil.rmtree(adapter, ignore_errors=True)
+        shutil.rmtree(dataset_files(dataset)["manifest.json"].parent.parent, ignore_errors=True)

@@ -11,7 +11,7 @@ import pytest
 
 from audit.models import AuditEvent
 from audit.services import Actor
-from routing import engine
+from routing import engine, replay
 from routing.models import ConductorVersion, Decision, Run, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
 from tests.openai_server import Reply
@@ -88,7 +88,8 @@ def test_a_lora_job_trains_on_engine_rewards_and_its_promotion_loads_the_adapter
     assert openai_server.loaded_adapters == {"lora-1": str(adapter)}
 
     # the promoted conductor plans the next task: asked through the same server, under its adapter's name
-    task_text = "What is 6 * 7?"
+    item = replay.find_item(item_id=ITEMS[1], texts=[])
+    task_text = item.task
     openai_server.program(
         "lora-1",
         [
@@ -102,7 +103,10 @@ def test_a_lora_job_trains_on_engine_rewards_and_its_promotion_loads_the_adapter
             )
         ],
     )
-    task, _ = task_submit(submission=TaskSubmission(text=task_text), source=Task.Source.CLI)
+    task, _ = task_submit(
+        submission=TaskSubmission(text=task_text, domain=item.domain, source_item=item.id),
+        source=Task.Source.CLI,
+    )
     run = task.runs.get()
     assert run.conductor_version == candidate
     engine.execute_run(run.pk)

@@ -40,7 +40,8 @@ DATASET_LOCK_NAMESPACE = 0x44617461  # "Data": one build of a dataset name at a 
 
 def conductor_prompt(task: Task, pools: dict[str, list[Any]] | None = None) -> list[dict[str, str]]:
     """The messages an LLM conductor is given for this task with today's pool (the GRPO prompt).
-    `pools`: the screened pool per data class, kept across the tasks of one build."""
+    `pools`: the screened pool per data class, kept across the tasks of one build (recorded items
+    all: the replay workers recorded every one)."""
     if pools is not None and task.classification in pools:
         workers = pools[task.classification]
     else:
@@ -269,29 +270,30 @@ class _Prompts:
         self._pools: dict[str, list[Any]] = {}
         self._shapes: dict[tuple[Any, ...], tuple[str, str] | None] = {}
 
-    def of(self, text: str, **shape: Any) -> str:
+    def of(self, text: str, *, item: str, **shape: Any) -> str:
         """The messages for a task's text and `shape` (its domain, classification, max_steps and
-        max_depth), as json.dumps writes them (ensure_ascii=False)."""
+        max_depth), as json.dumps writes them (ensure_ascii=False). `item`: the recorded item the task
+        is, so that the pool is the one such a task is offered (the replay workers that recorded it)."""
         key = tuple(shape.values())
         if key not in self._shapes:
-            self._shapes[key] = self._template(**shape)
+            self._shapes[key] = self._template(item=item, **shape)
         template = self._shapes[key]
         if template is None:  # the prompt uses the text some other way: each prompt built on its own
-            return _json(conductor_prompt(Task(text=text, **shape), self._pools))
+            return _json(conductor_prompt(Task(text=text, source_item=item, **shape), self._pools))
         head, tail = template
         return head + _json(text)[1:-1] + tail
 
-    def _template(self, **shape: Any) -> tuple[str, str] | None:
+    def _template(self, *, item: str, **shape: Any) -> tuple[str, str] | None:
         """The messages' JSON before and after the text's place. A JSON string escapes each character
         on its own, so the text's JSON (without its quotes) put there gives the JSON of the messages with
         the text in its place, if the prompt holds the text once, as it is, and nothing else of it: a
         second text, longer and with escapes, must come out of the template as the prompt writes it."""
-        encoded = _json(conductor_prompt(Task(text=self.MARK, **shape), self._pools))
+        encoded = _json(conductor_prompt(Task(text=self.MARK, source_item=item, **shape), self._pools))
         marker = _json(self.MARK)[1:-1]
         if encoded.count(marker) != 1:
             return None  # the text is placed more than once, or changed on its way
         head, tail = encoded.split(marker)
-        probe = conductor_prompt(Task(text=self.PROBE, **shape), self._pools)
+        probe = conductor_prompt(Task(text=self.PROBE, source_item=item, **shape), self._pools)
         if head + _json(self.PROBE)[1:-1] + tail != _json(probe):
             return None  # the prompt depends on the text some other way (its length, a copy changed)
         return head, tail
@@ -426,7 +428,12 @@ def _stream_groups(
             built.spread_sum += spread
             built.run_ids += ids
             prompt = prompts.of(
-                text, domain=domain, classification=classification, max_steps=max_steps, max_depth=max_depth
+                text,
+                item=item,
+                domain=domain,
+                classification=classification,
+                max_steps=max_steps,
+                max_depth=max_depth,
             )
             files.add(
                 _split_of(item, validation),

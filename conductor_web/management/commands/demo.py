@@ -163,6 +163,7 @@ class Command(BaseCommand):
         while True:
             for name, proc in procs.items():
                 if name in ONE_SHOT:
+                    proc.poll()  # reaped once it ends: no zombie left behind
                     continue
                 if proc.poll() is not None:
                     raise CommandError(
