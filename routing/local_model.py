@@ -53,7 +53,11 @@ def conductor_config(api_base: str) -> dict[str, object]:
         "api_base": api_base,
         "schema_dialect": LLAMA_CPP,
         "temperature": 0.0,
-        "max_tokens": 384,
+        # Its plans end within the token budget: at most 3 steps (the paper's workflows average about
+        # 3), each text at most 300 characters.
+        "max_plan_steps": 3,
+        "max_text_chars": 300,
+        "max_tokens": 512,
         "top_logprobs": 5,
         "alternatives": PROBE,
     }

@@ -59,20 +59,32 @@ class Plan:
         )
 
 
-def workflow_schema(worker_slugs: list[str], *, max_steps: int = MAX_STEPS) -> dict[str, Any]:
-    """JSON schema sent to the conductor endpoint as structured output, listing the allowed workers."""
+def workflow_schema(
+    worker_slugs: list[str],
+    *,
+    max_steps: int = MAX_STEPS,
+    min_steps: int = 0,
+    max_text_chars: int | None = None,
+) -> dict[str, Any]:
+    """JSON schema sent to the conductor endpoint as structured output, listing the allowed workers.
+    `min_steps`: 1 where an empty plan is invalid (a top-level one). `max_text_chars`: a cap on the
+    thought and each instruction, so that a small model's plan ends within its token budget."""
+    text: dict[str, Any] = {"type": "string"}
+    if max_text_chars is not None:
+        text["maxLength"] = max_text_chars
     return {
         "type": "object",
         "properties": {
-            "thought": {"type": "string"},
+            "thought": text,
             "steps": {
                 "type": "array",
+                "minItems": min_steps,
                 "maxItems": max_steps,
                 "items": {
                     "type": "object",
                     "properties": {
                         "worker": {"type": "string", "enum": sorted(worker_slugs)},
-                        "instruction": {"type": "string"},
+                        "instruction": text,
                         "access": {
                             "anyOf": [
                                 {"type": "string", "enum": ["all"]},

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-from ..plans import workflow_schema
+from ..plans import MAX_STEPS, workflow_schema
 from ..providers import ProviderCallError, complete, complete_prompt, endpoint_api_key
 from .base import PlanRequest, Proposal, elapsed_ms
 
@@ -121,8 +121,14 @@ class LLMConductor:
             raise ValueError(
                 f"config['schema_dialect'] is one of {', '.join(SCHEMA_DIALECTS)}, not {self.schema_dialect!r}"
             )
+        # A small model on a CPU writes long plans slowly: caps on its steps and its texts, in the schema.
+        self.max_plan_steps = int(config.get("max_plan_steps") or MAX_STEPS)
+        self.max_text_chars = int(config["max_text_chars"]) if config.get("max_text_chars") else None
         self.input_usd_per_mtok = Decimal(str(config.get("input_usd_per_mtok", "0")))
         self.output_usd_per_mtok = Decimal(str(config.get("output_usd_per_mtok", "0")))
+
+    def steps_allowed(self, request: PlanRequest) -> int:
+        return min(request.max_steps, self.max_plan_steps)
 
     def messages(self, request: PlanRequest) -> list[dict[str, str]]:
         workers = "\n".join(
@@ -131,7 +137,7 @@ class LLMConductor:
             for w in request.workers
         )
         system = SYSTEM_PROMPT.format(
-            max_steps=request.max_steps,
+            max_steps=self.steps_allowed(request),
             recursion_rule=RECURSION_RULE if request.may_recurse else "",
             workers=workers,
         )
@@ -160,7 +166,12 @@ class LLMConductor:
 
     def propose(self, request: PlanRequest) -> Proposal:
         messages = self.messages(request)
-        schema = workflow_schema(request.allowed_slugs, max_steps=request.max_steps)
+        schema = workflow_schema(
+            request.allowed_slugs,
+            max_steps=self.steps_allowed(request),
+            min_steps=0 if request.is_inner else 1,
+            max_text_chars=self.max_text_chars,
+        )
         started = time.monotonic()
         params: dict[str, Any] = dict(SCHEMA_DIALECTS[self.schema_dialect](schema))
         if request.temperature is not None and request.seed is not None:

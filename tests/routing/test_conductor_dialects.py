@@ -29,7 +29,7 @@ def asked(openai_server, **config) -> dict:
 
 
 def test_each_dialect_sends_the_schema_in_its_servers_form(openai_server):
-    schema = workflow_schema(["alpha"], max_steps=3)
+    schema = workflow_schema(["alpha"], max_steps=3, min_steps=1)  # a top-level plan has a step
 
     vllm = asked(openai_server)  # the default: vLLM reads structured_outputs
     assert vllm["structured_outputs"] == {"json": schema}
@@ -84,3 +84,14 @@ def test_a_500_that_says_the_request_did_not_validate_is_a_refusal(openai_server
     assert not refusal.value.retryable and str(refusal.value).startswith("refused: ")
     assert (outage.value.status, outage.value.http_status) == (Attempt.Status.SERVER_ERROR, 500)
     assert outage.value.retryable
+
+
+def test_a_small_models_plan_is_capped_in_steps_and_text_by_the_schema(openai_server):
+    body = asked(openai_server, max_plan_steps=2, max_text_chars=120)
+
+    schema = body["structured_outputs"]["json"]
+    steps = schema["properties"]["steps"]
+    assert (steps["minItems"], steps["maxItems"]) == (1, 2)
+    assert steps["items"]["properties"]["instruction"]["maxLength"] == 120
+    assert schema["properties"]["thought"]["maxLength"] == 120
+    assert "At most 2 steps." in body["messages"][0]["content"]
