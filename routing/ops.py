@@ -338,12 +338,12 @@ def workers_alive() -> list[str]:
 
 # What the local model's state file says (conductor_web.local_model writes it), as the overview shows it.
 LOCAL_MODEL_STATES = {
-    "installing": "installing: its server is built once (about 6 minutes on 2 cores); the replay pool "
-    "answers the recorded benchmark items meanwhile, and free text waits for it",
-    "starting": "starting its server",
-    "up": "up",
-    "failed": "failed",
-    "stopped": "stopped",
+    "installing": "its server is built once (about 6 minutes on 2 cores); the replay pool answers the "
+    "recorded benchmark items meanwhile, and free text waits for it",
+    "starting": "its server is loading the model",
+    "up": "free text goes to it",
+    "failed": "",
+    "stopped": "",
 }
 
 

@@ -77,7 +77,7 @@ def test_the_api_retries_a_failed_task_and_refuses_one_that_has_not_failed(faile
     [
         (
             {"state": "installing", "since": "2026-01-01T10:00:00+00:00"},
-            "installing: its server is built once",
+            "its server is built once",
         ),
         ({"state": "up", "api_base": "http://127.0.0.1:8089/v1"}, "free text goes to it"),
         ({"state": "failed", "reason": "the server exited with status 1"}, "the server exited with status 1"),
