@@ -224,10 +224,14 @@ class DatasetBuildForm(forms.Form):
 
 
 class EvaluateForm(forms.Form):
-    """Evaluate a candidate against the active version on held-out items."""
+    """Evaluate a candidate against a baseline (the active version unless another is chosen, such as
+    the base model a candidate was trained from) on held-out items."""
 
     split = forms.ChoiceField(choices=SPLITS, initial="dev")
     limit = forms.IntegerField(min_value=1, max_value=10_000, initial=100)
+    baseline = VersionChoiceField(
+        queryset=ConductorVersion.objects.order_by("-created_at"), required=False, label="Baseline"
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

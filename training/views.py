@@ -484,7 +484,7 @@ def version_shadow(request: HttpRequest, version_id: int) -> HttpResponse:
 @require_POST
 @role_required(*WRITERS)
 def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
-    """Evaluate a version against the active one; with the "Preview" button (name="preview"), the same
+    """Evaluate a version against the active one (or the baseline chosen); with the "Preview" button (name="preview"), the same
     checks and the estimate of what starting would do, on the page with a button to start it."""
     version = get_object_or_404(ConductorVersion, pk=version_id)
     form = EvaluateForm(request.POST)
@@ -499,7 +499,7 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
         try:
             estimate = services.evaluation_estimate(
                 candidate=version,
-                baseline=None,
+                baseline=form.cleaned_data["baseline"],
                 split=form.cleaned_data["split"],
                 limit=form.cleaned_data["limit"],
                 user=request.user,
@@ -512,7 +512,7 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
     try:
         evaluation = services.evaluation_start(
             candidate=version,
-            baseline=None,
+            baseline=form.cleaned_data["baseline"],
             split=form.cleaned_data["split"],
             limit=form.cleaned_data["limit"],
             actor=_actor(request),

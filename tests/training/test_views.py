@@ -503,6 +503,29 @@ def test_evaluate_checks_its_form_and_starts_an_evaluation_against_the_active_co
     assert b'data-refresh="1"' in ml.get(response["Location"]).content
 
 
+@pytest.mark.django_db(transaction=True)
+def test_evaluate_against_a_baseline_chosen_on_the_page(ml, broker):
+    """A trained candidate against the base it was trained from, which is not the active version."""
+    active = conductor_active()
+    base = ConductorVersion.objects.create(name="base-v1", backend="static", config=active.config)
+    candidate = ConductorVersion.objects.create(name="trained-v1", backend="static", config=active.config)
+    home = ml.get(reverse("training:home")).content.decode()
+    assert f'<option value="{base.pk}">vs base-v1</option>' in home
+
+    preview = ml.post(
+        reverse("training:evaluate", args=[candidate.pk]),
+        {"split": "dev", "limit": "2", "baseline": base.pk, "preview": "1"},
+    ).content.decode()
+    assert "against <strong>base-v1</strong>" in preview and not Evaluation.objects.exists()
+    ml.post(
+        reverse("training:evaluate", args=[candidate.pk]), {"split": "dev", "limit": "2", "baseline": base.pk}
+    )
+
+    evaluation = Evaluation.objects.get()
+    assert (evaluation.candidate, evaluation.baseline) == (candidate, base)
+    assert conductor_active() == active
+
+
 def test_the_evaluation_page_compares_candidate_and_baseline(ml):
     baseline = conductor_active()
     candidate = ConductorVersion.objects.create(name="learned-z", backend="learned")
