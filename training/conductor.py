@@ -85,7 +85,9 @@ class LearnedConductor:
                 )
         return Proposal(
             raw_output=json.dumps(plan),
-            alternatives=[{"step": 0, "candidates": alternatives}],
+            # What the policy weighed, where it chose among them: none of its workflows was open to a
+            # plan made without it, and a dossier must not show them as if they had been.
+            alternatives=[{"step": 0, "candidates": alternatives}] if chosen is not None else [],
             latency_ms=elapsed_ms(started),
         )
 

@@ -82,6 +82,8 @@ def test_the_learned_conductor_gives_free_text_to_the_local_model(replay_pool, l
 
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert list(Step.objects.filter(run=run).values_list("worker_slug", flat=True)) == [WORKER_SLUG]
+    # None of the policy's workflows was open to it: none is shown as weighed.
+    assert Decision.objects.get(run=run).alternatives == []
     assert_no_vendor_errors()
 
 
