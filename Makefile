@@ -14,7 +14,7 @@ $(VENV)/bin/activate:
 
 install-demo: $(VENV)/bin/activate
 	@$(MAKE) --no-print-directory pango || echo "without Pango the dossier's PDF export answers 503; the rest works" >&2
-	$(PY) -m pip install --quiet -e '.[embedded]'
+	$(PY) -m pip install --quiet -e '.[embedded,train]'
 
 install-test: $(VENV)/bin/activate chromium pango prometheus phoenix
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train]'

@@ -4,6 +4,7 @@ cancel.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,11 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
             raise TrainingError(f"unknown settings for the llm-lora backend: {sorted(unknown)}")
         if dataset is None:
             raise TrainingError("the llm-lora backend trains on a dataset: choose one")
+        if importlib.util.find_spec("trl") is None:
+            raise TrainingError(
+                "the llm-lora backend needs the train extra (torch, transformers, TRL, PEFT): "
+                "pip install -e '.[train]' (make demo and make test install it)"
+            )
         base = Path(str(merged["base_model_path"] or settings.VAR_DIR / "models" / "tiny-qwen2"))
         try:
             # The local model's checkpoint is made by the job itself, from the installed weights.
