@@ -47,16 +47,20 @@ def worker_fields(api_base: str) -> dict[str, object]:
     }
 
 
+# Its plans end within the token budget: at most 3 steps (the paper's workflows average about 3), each
+# text at most 300 characters (the schema it writes under, when it serves and when it is trained).
+MAX_PLAN_STEPS = 3
+MAX_TEXT_CHARS = 300
+
+
 def conductor_config(api_base: str) -> dict[str, object]:
     return {
         "model": f"openai/{MODEL_ALIAS}",
         "api_base": api_base,
         "schema_dialect": LLAMA_CPP,
         "temperature": 0.0,
-        # Its plans end within the token budget: at most 3 steps (the paper's workflows average about
-        # 3), each text at most 300 characters.
-        "max_plan_steps": 3,
-        "max_text_chars": 300,
+        "max_plan_steps": MAX_PLAN_STEPS,
+        "max_text_chars": MAX_TEXT_CHARS,
         "max_tokens": 512,
         "top_logprobs": 5,
         "alternatives": PROBE,

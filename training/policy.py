@@ -5,6 +5,8 @@ Small enough to train and run on a CPU in milliseconds. Actions are workflows in
 - single: one worker answers;
 - cascade: two cheap workers answer; the conductor, called as the third step, passes the answer through
   when they agree and asks a judge when they do not;
+- cross-check: two workers answer and a third always checks their work and gives the answer (the static
+  conductor's rule for hard math, offered so that choosing the rules is always open to the policy);
 - vote: like a cascade, but on disagreement the conductor first asks a tie-breaker (a third worker):
   if its answer agrees with one of the two earlier answers it is the majority answer and passes through
   (the inner plan's own conductor step does that check), else a judge is asked. A majority vote of
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from routing.scoring.scorers import SCORERS, scorer_name
+from routing.static_rules import CROSS_CHECK_INSTRUCTION, DEFAULT_STATIC_RULES
 
 from .features import DEFAULT_FEATURES, FEATURE_SETS, feature_size, features
 from .kinds import LEGACY_KINDS, agreement_scorer, kinds_of
@@ -52,9 +55,9 @@ POLICY_FORMAT = 3
 
 @dataclass(frozen=True)
 class Workflow:
-    """Single: workers = (w,). Cascade: (a, b, judge). Vote: (a, b, tie_breaker, judge)."""
+    """Single: workers = (w,). Cascade and cross-check: (a, b, judge). Vote: (a, b, tie_breaker, judge)."""
 
-    kind: str  # "single" | "cascade" | "vote"
+    kind: str  # "single" | "cascade" | "check" | "vote"
     workers: tuple[str, ...]
 
     @property
@@ -65,11 +68,13 @@ class Workflow:
             a, b, tie, judge = self.workers
             return f"vote({a}+{b}->{tie}->{judge})"
         a, b, judge = self.workers
+        if self.kind == "check":
+            return f"cross-check({a}+{b}=>{judge})"
         return f"cascade({a}+{b}->{judge})"
 
     @property
     def needs_recursion(self) -> bool:
-        return self.kind != "single"
+        return self.kind not in ("single", "check")
 
     def plan(self, task_text: str) -> dict[str, Any]:
         """The workflow as the conductor writes it (DESIGN.md's format)."""
@@ -79,6 +84,15 @@ class Workflow:
                 "steps": [{"worker": self.workers[0], "instruction": task_text, "access": []}],
             }
         a, b = self.workers[:2]
+        if self.kind == "check":
+            return {
+                "thought": f"two answers; {self.workers[2]} checks them and answers",
+                "steps": [
+                    {"worker": a, "instruction": task_text, "access": []},
+                    {"worker": b, "instruction": task_text, "access": []},
+                    {"worker": self.workers[2], "instruction": check_instruction(task_text), "access": "all"},
+                ],
+            }
         if self.kind == "vote":
             thought = f"two cheap answers; on disagreement {self.workers[2]} breaks the tie, {self.workers[3]} judges"
             instruction = vote_instruction(self.workers[2], self.workers[3])
@@ -96,6 +110,11 @@ class Workflow:
 
 
 # --- the conductor step's instructions: written by the plan, read back by the inner (recursive) call ---
+
+
+def check_instruction(task_text: str) -> str:
+    """The checking step of a cross-check: the static conductor's words (its hard-math rule)."""
+    return CROSS_CHECK_INSTRUCTION.replace("{task}", task_text)
 
 
 def cascade_instruction(judge: str) -> str:
@@ -187,6 +206,9 @@ def simulate(
         return Outcome(float(o["score"]), float(o["cost_usd"]))
     a, b = outcomes[workflow.workers[0]], outcomes[workflow.workers[1]]
     cost = float(a["cost_usd"]) + float(b["cost_usd"])
+    if workflow.kind == "check":  # the checker always answers
+        judge = outcomes[workflow.workers[-1]]
+        return Outcome(float(judge["score"]), cost + float(judge["cost_usd"]))
     if agree(a["answer"], b["answer"], domain, scorer):
         return Outcome(float(b["score"]), cost)  # the last response passes through
     if workflow.kind == "vote":
@@ -210,10 +232,34 @@ MINI, FLASH, QWEN, LLAMA70, HAIKU = (
 GPT4O, SONNET, PRO = "gpt-4o-2024-08-06", "claude-3-5-sonnet-20240620", "gemini-1.5-pro"
 
 
+def rule_workflow(steps: list[dict[str, Any]]) -> Workflow | None:
+    """The workflow a static rule's steps are, where they are one: one step (single), or two answers
+    and a third step that sees them and answers (cross-check)."""
+    workers = tuple(step["worker"] for step in steps)
+    if len(steps) == 1:
+        return Workflow("single", workers)
+    if len(steps) == 3 and [s["access"] for s in steps] == [[], [], "all"]:
+        return Workflow("check", workers)
+    return None
+
+
+def static_rule_workflows(rules: dict[str, Any] = DEFAULT_STATIC_RULES) -> dict[str, Workflow]:
+    """The static conductor's rules as workflows: each rule's domains (and "" for a rule with no
+    condition, the default) to its workflow; the first rule for a domain wins, as the conductor tries them."""
+    chosen: dict[str, Workflow] = {}
+    for rule in rules["rules"]:
+        workflow = rule_workflow(rule["steps"])
+        if workflow is not None:
+            for domain in (rule.get("when") or {}).get("domain") or [""]:
+                chosen.setdefault(domain, workflow)
+    return chosen
+
+
 def default_actions(models: list[str]) -> list[Workflow]:
-    """Every single model, cascades of two cheap workers with a strong judge, and votes whose tie-breaker
+    """Every single model, cascades of two cheap workers with a strong judge, votes whose tie-breaker
     and judge come from the pool's strongest (chosen offline on the train split: the workflows on each
-    domain's accuracy/cost frontier)."""
+    domain's accuracy/cost frontier), and the static conductor's rules, so that the policy may always
+    choose what the rules would."""
     actions = [Workflow("single", (m,)) for m in models]
     cheap = [m for m in (MINI, FLASH, QWEN, LLAMA70) if m in models]
     judges = [m for m in (GPT4O, SONNET) if m in models]
@@ -236,6 +282,9 @@ def default_actions(models: list[str]) -> list[Workflow]:
     for workers in votes:
         if all(w in models for w in workers):
             actions.append(Workflow("vote", workers))
+    for workflow in static_rule_workflows().values():
+        if workflow not in actions and all(w in models for w in workflow.workers):
+            actions.append(workflow)
     return actions
 
 

@@ -6,38 +6,10 @@ import json
 import time
 from typing import Any
 
+from ..static_rules import DEFAULT_STATIC_RULES
 from .base import PlanRequest, Proposal, elapsed_ms
 
-DEFAULT_STATIC_RULES: dict[str, Any] = {
-    # Rules are tried in order; the first whose workers are all allowed and whose condition holds wins.
-    # "{task}" in an instruction is replaced by the task text.
-    "rules": [
-        {
-            "name": "hard-math-cross-check",
-            "when": {"domain": ["math-l5"]},
-            "steps": [
-                {"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []},
-                {"worker": "gemini-1.5-flash", "instruction": "{task}", "access": []},
-                {
-                    "worker": "gpt-4o-2024-08-06",
-                    "instruction": "Two solvers answered the problem below. Check their work and give the correct "
-                    "final answer.\n\n{task}",
-                    "access": "all",
-                },
-            ],
-        },
-        {
-            "name": "code-reasoning",
-            "when": {"domain": ["cruxeval-o"]},
-            "steps": [{"worker": "gpt-4o-2024-08-06", "instruction": "{task}", "access": []}],
-        },
-        {
-            "name": "default-cheap",
-            "when": {},
-            "steps": [{"worker": "gpt-4o-mini-2024-07-18", "instruction": "{task}", "access": []}],
-        },
-    ]
-}
+__all__ = ["DEFAULT_STATIC_RULES", "StaticConductor"]
 
 
 class StaticConductor:

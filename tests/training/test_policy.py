@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from routing import replay
+from routing.static_rules import DEFAULT_STATIC_RULES
 from training.features import FEATURE_SIZES, feature_size
 from training.policy import (
     GRPOConfig,
@@ -19,6 +20,7 @@ from training.policy import (
     parse_instruction,
     reward,
     simulate,
+    static_rule_workflows,
     tie_instruction,
     train,
 )
@@ -59,6 +61,36 @@ def test_a_cascade_pays_for_the_judge_only_when_the_cheap_answers_disagree():
     plan = cascade.plan("What is 6 * 7?")
     assert [s["worker"] for s in plan["steps"]] == ["a", "b", "conductor"]
     assert plan["steps"][2]["access"] == "all"
+
+
+def test_the_static_rules_are_arms_the_policy_may_choose(items):
+    """Every rule of the static conductor is a workflow of the learned policy, planned in the same steps,
+    so that choosing what the rules would is always open to it (its per-kind fallback included)."""
+    rules = {rule["name"]: rule for rule in DEFAULT_STATIC_RULES["rules"]}
+    workflows = static_rule_workflows()
+    assert workflows == {
+        "math-l5": Workflow("check", ("gpt-4o-mini-2024-07-18", "gemini-1.5-flash", "gpt-4o-2024-08-06")),
+        "cruxeval-o": Workflow("single", ("gpt-4o-2024-08-06",)),
+        "": Workflow("single", ("gpt-4o-mini-2024-07-18",)),
+    }
+    actions = default_actions(sorted(items[0].outcomes))
+    assert set(workflows.values()) <= set(actions)
+    task = "Find x."
+    written = workflows["math-l5"].plan(task)["steps"]
+    ruled = [
+        {**step, "instruction": step["instruction"].replace("{task}", task)}
+        for step in rules["hard-math-cross-check"]["steps"]
+    ]
+    assert written == ruled
+    assert not workflows["math-l5"].needs_recursion
+    # The checker always answers, and is always paid for.
+    outcomes = {
+        "a": {"score": 1.0, "cost_usd": 0.001, "answer": "42"},
+        "b": {"score": 1.0, "cost_usd": 0.002, "answer": "42"},
+        "j": {"score": 0.0, "cost_usd": 0.05, "answer": "41"},
+    }
+    checked = simulate(Workflow("check", ("a", "b", "j")), outcomes)
+    assert (checked.correct, checked.cost_usd) == (0.0, pytest.approx(0.053))
 
 
 def test_a_policy_survives_a_round_trip_and_explains_its_choice():
