@@ -1,11 +1,11 @@
 """Does GRPO make the LLM conductor better? SmolLM2-135M-Instruct, trained on the CPU, against itself.
 
-    python -m bench.llm_conductor --train-items 64 --steps 20 --dev-items 60 [--write]
+    python -m bench.llm_conductor --train-items 64 --steps 10 --dev-items 40 [--write]
 
 What ML staff do from the browser, in one process: rollouts on the first --train-items items of the
 replay pool's train split give the prompts, a dataset is built from them, and an `llm-lora` job trains
-a LoRA adapter on the local model with TRL's GRPO (--steps steps of 4 prompts x 4 sampled plans; each
-plan executed by the engine on the replay pool and rewarded by the project's one formula: correctness
+a LoRA adapter on the local model with TRL's GRPO (--steps steps of 2 prompts x 4 plans, sampled under
+the workflow's JSON schema as the server writes them; each plan executed by the engine on the replay pool and rewarded by the project's one formula: correctness
 with the format term, minus the cost penalty). The trained adapter (served by the local model's
 llama.cpp server) and the base model (`smollm2-local`) then each plan the first --dev-items items of
 the dev split, which nothing was tuned on, through the engine. Reported, candidate minus base over the
@@ -66,12 +66,12 @@ def execute(run_ids: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-items", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--generations", type=int, default=4)
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--max-completion-length", type=int, default=160)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--dev-items", type=int, default=60)
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--max-completion-length", type=int, default=256)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--dev-items", type=int, default=40)
     parser.add_argument("--write", action="store_true", help="write the figures into docs/benchmarks.md")
     o = parser.parse_args()
     stamp = time.strftime("%Y%m%d%H%M%S")
@@ -146,6 +146,16 @@ def main() -> None:
         first = Decision.objects.filter(run_id__in=runs, depth=0, attempt=1)
         return round(sum(d.valid for d in first) / max(1, first.count()), 3)
 
+    def last_workers(side: str) -> dict[str, int]:
+        """How often each worker answers last in the side's valid top-level plans (what the plans chose)."""
+        counts: dict[str, int] = {}
+        runs = [p[side].pk for p in pairs]
+        for decision in Decision.objects.filter(run_id__in=runs, depth=0, valid=True):
+            steps = (decision.plan or {}).get("steps") or []
+            if steps:
+                counts[steps[-1]["worker"]] = counts.get(steps[-1]["worker"], 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
     figures = {
         "train_items": len(items),
         "steps": o.steps,
@@ -162,6 +172,7 @@ def main() -> None:
         "accuracy": dataclasses.asdict(comparison.accuracy) if comparison.accuracy else None,
         "usd_per_1000": dataclasses.asdict(comparison.usd_per_1000) if comparison.usd_per_1000 else None,
         "valid_first_try": {"base": valid_rate("baseline"), "trained": valid_rate("candidate")},
+        "answered_last_by": {"base": last_workers("baseline"), "trained": last_workers("candidate")},
         "results": evaluation.results,
     }
     print(json.dumps(figures, default=str))
@@ -178,11 +189,11 @@ def report(o: argparse.Namespace, f: dict) -> str:
 
     return f"""## GRPO on the local LLM conductor (SmolLM2-135M on a CPU)
 
-Command: `python -m bench.llm_conductor --train-items {o.train_items} --steps {o.steps} --dev-items {o.dev_items} --write`
+Command: `python -m bench.llm_conductor --train-items {o.train_items} --steps {o.steps} --prompts-per-step {o.prompts_per_step} --generations {o.generations} --dev-items {o.dev_items} --write`
 ({os.cpu_count()} cores, {platform.processor() or platform.machine()}). TRL GRPO + LoRA (r=8, learning
 rate {o.learning_rate:g}) on SmolLM2-135M-Instruct, {o.steps} steps of {o.prompts_per_step} prompts x
-{o.generations} sampled plans (at most {o.max_completion_length} tokens, temperature 1.0, no schema
-constraint while sampling), prompts from the first {f["train_items"]} train items; each plan executed
+{o.generations} sampled plans (at most {o.max_completion_length} tokens, temperature 1.0, under the
+workflow's JSON schema as the server writes plans), prompts from the first {f["train_items"]} train items; each plan executed
 by the engine on the replay pool; reward = correctness with the format term (0 unparsed, 0.5 parsed
 and wrong, 1 right), no cost penalty. Training took {f["train_s"]} s. Then the trained adapter and the
 base model each planned the first {f["dev_pairs"]} dev items (llama.cpp's server, the schema as its
@@ -196,7 +207,14 @@ grammar; {f["eval_s"]} s). Candidate minus base over the paired items, 95% paire
 | valid plan, first try | {f["valid_first_try"]["base"]:.1%} | {f["valid_first_try"]["trained"]:.1%} | | |
 
 Mean reward of the sampled plans per training step: {", ".join(f"{s}: {v:.3f}" for s, v in f["reward_curve"] if v is not None)}.
+
+The worker answering last in the valid plans on dev (the answer's source): base {plain_counts(f["answered_last_by"]["base"])};
+trained {plain_counts(f["answered_last_by"]["trained"])}.
 """
+
+
+def plain_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{worker} {n}" for worker, n in counts.items()) or "none"
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ from audit.actions import Action
 from audit.services import event_record
 from audit.templatetags.display import plain, settings_text
 from routing import replay
-from routing.local_model import conductor_config, local_api_base
-from routing.models import ConductorVersion
+from routing.engine.planning import screened_workers
+from routing.local_model import MAX_PLAN_STEPS, MAX_TEXT_CHARS, conductor_config, local_api_base
+from routing.models import CONDUCTOR_SLUG, ConductorVersion, Task
+from routing.plans import workflow_schema
 from routing.secrets import redact
 
 from .engine_reward import EngineReward
@@ -261,6 +263,9 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         )
         local_base_export()
     _log(job, f"{len(data)} prompts from {job.dataset}; base model {o['base_model_path']}")
+    schema = _served_schema(data) if local else None
+    if schema is not None:
+        _log(job, "samples drawn under the workflow's JSON schema, as the local model's server writes plans")
     result = run_grpo_lora(
         base_model_path=o["base_model_path"],
         train_dataset=data,
@@ -274,6 +279,7 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
             "lora_r": o["lora_r"],
             "max_completion_length": o["max_completion_length"],
             "use_cpu": not _cuda(),
+            "structured_output_schema": schema,
             **(
                 {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": o["vllm_server_base_url"]}
                 if o.get("use_vllm")
@@ -298,6 +304,22 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         config = {"model": f"hosted_vllm/{job.name}", "api_base": settings.CONDUCTOR_VLLM_API_BASE, **adapter}
     note = f"TRL GRPO + LoRA (r={o['lora_r']}) for {result['global_step']} steps on {job.dataset}"
     return Path(result["adapter_dir"]), config, note
+
+
+def _served_schema(data: Any) -> dict[str, Any]:
+    """The schema the local model's server writes plans under (its conductor's caps), over the workers
+    the dataset's tasks may go to today (what their plans are executed with): what a sample of the
+    trained adapter will be held to when it serves."""
+    tasks = Task.objects.filter(pk__in=set(data["task_id"]))
+    slugs = {worker.slug for task in tasks for worker in screened_workers(task)[0]}
+    if any(task.max_depth > 0 for task in tasks):  # the prompt offers the conductor as a step (recursion)
+        slugs.add(CONDUCTOR_SLUG)
+    return workflow_schema(
+        sorted(slugs),
+        max_steps=MAX_PLAN_STEPS,
+        min_steps=1,
+        max_text_chars=MAX_TEXT_CHARS,
+    )
 
 
 def _cuda() -> bool:

@@ -63,6 +63,7 @@ def test_grpo_on_the_local_model_and_its_promotion_into_llama_cpp(
     adapter = settings.VAR_DIR / job.artifact_path
     try:
         assert "base: the local model, SmolLM2-135M-Instruct" in job.log
+        assert "samples drawn under the workflow's JSON schema" in job.log
         (point,) = TrainingMetric.objects.filter(job=job)
         assert "reward" in point.values and "loss" in point.values
         candidate = job.candidate

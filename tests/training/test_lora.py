@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from routing.plans import workflow_schema  # noqa: E402
 from training.lora import (  # noqa: E402
     _grpo_config,
     _settings,
@@ -236,3 +237,49 @@ def test_grpo_config_cpu_defaults_and_vllm_server_mode(tmp_path):
         _grpo_config(_settings({**TRAIN_SETTINGS, "use_vllm": True}), tmp_path, cuda=False)
     with pytest.raises(ValueError, match="unknown training settings"):
         _settings({"num_generation": 2})
+
+
+def test_samples_are_drawn_under_the_workflow_schema(tiny_model, tmp_path):
+    """A randomly initialised model writes no workflow by itself; under the schema, every sample that
+    ends within its tokens has the workflow's shape, naming only the schema's workers."""
+    sampled: list[str] = []
+
+    def recording(prompts, completions, **kwargs):
+        sampled.extend(completion_text(c) for c in completions)
+        return format_reward(completions, **kwargs)
+
+    recording.__name__ = "recording"
+    schema = workflow_schema(["alpha", "beta"], max_steps=1, min_steps=1, max_text_chars=6)
+    settings = {**TRAIN_SETTINGS, "max_steps": 2, "max_completion_length": 160}
+    run_grpo_lora(
+        base_model_path=tiny_model,
+        train_dataset=_dataset(),
+        output_dir=tmp_path / "free",
+        reward_funcs=[recording],
+        settings=settings,
+    )
+    free = list(sampled)
+    sampled.clear()
+    run_grpo_lora(
+        base_model_path=tiny_model,
+        train_dataset=_dataset(),
+        output_dir=tmp_path / "schema",
+        reward_funcs=[recording],
+        settings={**settings, "structured_output_schema": schema},
+    )
+    assert len(free) == len(sampled) == 8
+    assert format_reward(free, allowed_workers=[["alpha", "beta"]] * 8) == [0.0] * 8
+    # The ones that ended (xgrammar lets control characters into strings, which the plan parser refuses).
+    plans = [json.loads(text, strict=False) for text in sampled if text.endswith("}")]
+    assert len(plans) >= 6, sampled
+    for plan in plans:
+        assert set(plan) == {"thought", "steps"} and len(plan["steps"]) == 1
+        assert plan["steps"][0]["worker"] in {"alpha", "beta"} and len(plan["thought"]) <= 6
+    with pytest.raises(ValueError, match="use_vllm"):
+        run_grpo_lora(
+            base_model_path=tiny_model,
+            train_dataset=_dataset(),
+            output_dir=tmp_path / "vllm",
+            reward_funcs=[recording],
+            settings={**settings, "structured_output_schema": schema, "use_vllm": True},
+        )
