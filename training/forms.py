@@ -101,11 +101,23 @@ class JobStartForm(forms.Form):
     )
     max_steps = _bounded(LORA_LIMITS, LORA_DEFAULTS, "max_steps", label="Max steps")
     num_generations = _bounded(LORA_LIMITS, LORA_DEFAULTS, "num_generations", label="Generations per prompt")
+    prompts_per_step = _bounded(LORA_LIMITS, LORA_DEFAULTS, "prompts_per_step", label="Prompts per step")
+    max_completion_length = _bounded(
+        LORA_LIMITS, LORA_DEFAULTS, "max_completion_length", label="Max tokens per plan"
+    )
     lora_learning_rate = _bounded(LORA_LIMITS, LORA_DEFAULTS, "learning_rate", label="Learning rate")
     lora_r = _bounded(LORA_LIMITS, LORA_DEFAULTS, "lora_r", label="LoRA rank r")
 
     LEARNED_FIELDS = ("split", "limit", "epochs", "learning_rate", "group_size", "cost_penalty_per_usd")
-    LORA_FIELDS = ("base_model_path", "max_steps", "num_generations", "lora_learning_rate", "lora_r")
+    LORA_FIELDS = (
+        "base_model_path",
+        "max_steps",
+        "num_generations",
+        "prompts_per_step",
+        "max_completion_length",
+        "lora_learning_rate",
+        "lora_r",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -152,6 +164,8 @@ class JobStartForm(forms.Form):
             "base_model_path": data["base_model_path"],
             "max_steps": data["max_steps"],
             "num_generations": data["num_generations"],
+            "prompts_per_step": data["prompts_per_step"],
+            "max_completion_length": data["max_completion_length"],
             "learning_rate": data["lora_learning_rate"],
             "lora_r": data["lora_r"],
         }

@@ -183,6 +183,8 @@ def job_post(**changes) -> dict[str, str]:
         "base_model_path": "",
         "max_steps": "20",
         "num_generations": "4",
+        "prompts_per_step": "4",
+        "max_completion_length": "256",
         "lora_learning_rate": "0.0001",
         "lora_r": "8",
     }
@@ -232,6 +234,22 @@ def test_a_valid_job_form_starts_a_job_with_the_backend_options_and_redirects(ml
         ("training.tasks.train_job", [job.pk])
     ]
     assert job.celery_task_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lora_job_is_sized_from_the_form(ml, dataset, broker, var_dir):
+    """Prompts per step and tokens per plan: what makes a job on the local model fit a CPU."""
+    local = str(var_dir / "models" / "smollm2-135m-instruct")
+    sized = {"prompts_per_step": "2", "max_completion_length": "128", "max_steps": "3", "num_generations": "2"}
+    response = ml.post(
+        reverse("training:job-start"),
+        job_post(name="lora-b", backend="llm-lora", dataset=str(dataset.pk), base_model_path=local, **sized),
+    )
+    job = TrainingJob.objects.get(name="lora-b")
+    assert response.status_code == 302
+    assert {k: job.options[k] for k in sized} == {k: int(v) for k, v in sized.items()}
+    html = ml.get(reverse("training:home")).content.decode()
+    assert 'name="job-prompts_per_step"' in html and 'name="job-max_completion_length"' in html
 
 
 def test_refusals_of_the_service_are_form_errors_not_500s(ml, job, dataset, var_dir):
