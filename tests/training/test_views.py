@@ -240,7 +240,12 @@ def test_a_valid_job_form_starts_a_job_with_the_backend_options_and_redirects(ml
 def test_a_lora_job_is_sized_from_the_form(ml, dataset, broker, var_dir):
     """Prompts per step and tokens per plan: what makes a job on the local model fit a CPU."""
     local = str(var_dir / "models" / "smollm2-135m-instruct")
-    sized = {"prompts_per_step": "2", "max_completion_length": "128", "max_steps": "3", "num_generations": "2"}
+    sized = {
+        "prompts_per_step": "2",
+        "max_completion_length": "128",
+        "max_steps": "3",
+        "num_generations": "2",
+    }
     response = ml.post(
         reverse("training:job-start"),
         job_post(name="lora-b", backend="llm-lora", dataset=str(dataset.pk), base_model_path=local, **sized),
