@@ -46,7 +46,7 @@ def test_a_learned_job_page_plots_its_frontier_against_the_fixed_workflows(
         {"name": "learned (off the frontier)", "points": len(frontier["points"]) - on_frontier},
         {"name": "learned frontier", "points": on_frontier},
     ]
-    assert len(frontier["fixed"]) == 33 and on_frontier >= 1
+    assert len(frontier["fixed"]) == 34 and on_frontier >= 1  # every workflow of default_actions
     assert {*COST_PENALTIES, 20.0} <= {p["cost_penalty_per_usd"] for p in frontier["points"]}
     expect(page.locator("#frontier-points tbody tr")).to_have_count(len(frontier["points"]))
     expect(page.locator("#frontier-points tr.chosen")).to_contain_text("20.0")
