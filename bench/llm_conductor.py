@@ -7,7 +7,7 @@ replay pool's train split give the prompts, a dataset is built from them, and an
 a LoRA adapter on the local model with TRL's GRPO (--steps steps of 2 prompts x 4 plans, sampled under
 the workflow's JSON schema as the server writes them; each plan executed by the engine on the replay pool and rewarded by the project's one formula: correctness
 with the format term, minus the cost penalty). The trained adapter (served by the local model's
-llama.cpp server) and the base model (`smollm2-local`) then each plan the first --dev-items items of
+llama.cpp server) and the base model (`smollm2-local`) then each plan --dev-items items (an evaluation's mixed sample) of
 the dev split, which nothing was tuned on, through the engine. Reported, candidate minus base over the
 paired items, each with a 95% paired-bootstrap interval: reward, accuracy, USD per 1,000 tasks; and
 each side's valid-plan rate. With --write, the figures replace their section of docs/benchmarks.md.
@@ -196,8 +196,8 @@ rate {o.learning_rate:g}) on SmolLM2-135M-Instruct, {o.steps} steps of {o.prompt
 workflow's JSON schema as the server writes plans), prompts from the first {f["train_items"]} train items; each plan executed
 by the engine on the replay pool; reward = correctness with the format term (0 unparsed, 0.5 parsed
 and wrong, 1 right), no cost penalty. Training took {f["train_s"]} s. Then the trained adapter and the
-base model each planned the first {f["dev_pairs"]} dev items (llama.cpp's server, the schema as its
-grammar; {f["eval_s"]} s). Candidate minus base over the paired items, 95% paired-bootstrap intervals:
+base model each planned {f["dev_pairs"]} dev items, an evaluation's sample of the split (domains mixed; llama.cpp's
+server, the schema as its grammar; {f["eval_s"]} s). Candidate minus base over the paired items, 95% paired-bootstrap intervals:
 
 | | base | trained | trained minus base | 95% interval |
 |---|---|---|---|---|
