@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,17 @@ def test_lora_settings_are_checked_and_vllm_generation_needs_its_server(tmp_path
         job_options(
             "llm-lora", {**base, "max_steps": 1000, "prompts_per_step": 4, "num_generations": 8}, dataset
         )
+
+
+def test_a_lora_job_is_refused_where_the_train_extra_is_not_installed(tmp_path, monkeypatch):
+    """Without TRL the job would fail in the worker minutes later; it is refused at start, saying what to
+    install. (A None in sys.modules is how Python marks a module that cannot be imported.)"""
+    from training.models import Dataset
+    from training.services import job_options
+
+    (tmp_path / "config.json").write_text("{}")
+    dataset = Dataset(name="d", version=1)
+    assert job_options("llm-lora", {"base_model_path": str(tmp_path)}, dataset)["base_model_path"]
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(TrainingError, match=r"needs the train extra .*pip install -e '\.\[train\]'"):
+        job_options("llm-lora", {"base_model_path": str(tmp_path)}, dataset)
