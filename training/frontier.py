@@ -11,7 +11,8 @@ For each cost penalty λ (reward = correct - λ x USD) of a grid:
    kind of task", never toward noise from hashed words). Kinds the policy never saw are planned from
    the text alone (training.kinds). z is chosen per penalty from GATE_ZS by cross-validating the gate
    itself on the same out-of-fold choices: each fold is planned by the gates the other folds set, and
-   the z whose gates earned the most reward wins (ties go to the larger z: fall back when in doubt).
+   by the one-standard-error rule the largest z whose reward is within one standard error of the best
+   z's wins (fall back when the difference is within the folds' noise).
 3. The point: accuracy and USD per 1,000 tasks of the gated policy, out of fold.
    The point's figures are those of the procedure, out of fold: each fold's kinds gated by the other
    folds' rows. The gates a policy trained on every item gets (gate_policy) are read from every row.
@@ -172,23 +173,32 @@ def _trusts(score: float, z: float) -> bool:
 def choose_gate_z(
     rewards: np.ndarray, kinds: np.ndarray, learned: np.ndarray, fixed: np.ndarray, fold: np.ndarray
 ) -> tuple[float, np.ndarray]:
-    """The gate's threshold that earns the most out of fold, and each item's choice under it: each fold
-    is planned by the gates the other folds' rows set, for every z of GATE_ZS. (The other folds'
-    choices are out of fold, but their policies were trained with this fold among the rest: the gate is
-    cross-validated on the choices, not re-nested around their training.)"""
+    """The gate's threshold chosen out of fold, and each item's choice under it: each fold is planned by
+    the gates the other folds' rows set, for every z of GATE_ZS. (The other folds' choices are out of
+    fold, but their policies were trained with this fold among the rest: the gate is cross-validated on
+    the choices, not re-nested around their training.)
+
+    The one-standard-error rule (Hastie, Tibshirani and Friedman, The Elements of Statistical Learning,
+    7.10): the largest z (the most fallback) whose mean reward is within one standard error of the best
+    z's, that standard error read from the best z's fold means. A z that earns more by less than the
+    folds disagree is noise, and the fixed workflow is the simpler policy."""
     rows = np.arange(len(kinds))
     difference = rewards[rows, learned] - rewards[rows, fixed]
-    earned = dict.fromkeys(GATE_ZS, 0.0)
+    folds = np.unique(fold)
+    per_fold = {z: np.zeros(len(folds)) for z in GATE_ZS}  # each z's mean reward in each held-out fold
     chosen = {z: fixed.copy() for z in GATE_ZS}
-    for f in np.unique(fold):
+    for n, f in enumerate(folds):
         held, kept = fold == f, fold != f
         scores = _z_scores(difference, kinds, kept)
         for z in GATE_ZS:
             trusted = {k for k, s in scores.items() if _trusts(s, z)} | {""}
             chosen[z][held] = np.where([str(k) in trusted for k in kinds[held]], learned[held], fixed[held])
-            earned[z] += float(rewards[rows[held], chosen[z][held]].sum())
-    best = max(earned.values())
-    z = max(z for z, e in earned.items() if e >= best - 1e-9)
+            per_fold[z][n] = float(rewards[rows[held], chosen[z][held]].mean())
+    earned = {z: float(rewards[rows, chosen[z]].mean()) for z in GATE_ZS}
+    best = max(earned, key=lambda z: (earned[z], z))
+    spread = per_fold[best]
+    error = float(spread.std(ddof=1) / math.sqrt(len(spread))) if len(spread) > 1 else 0.0
+    z = max(z for z in GATE_ZS if earned[z] >= earned[best] - error - 1e-9)
     return z, chosen[z]
 
 

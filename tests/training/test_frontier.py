@@ -155,6 +155,28 @@ def test_the_gate_threshold_is_chosen_by_cross_validation_on_the_training_items(
     assert z == math.inf and (chosen == fixed).all()
 
 
+def test_a_threshold_that_earns_more_by_less_than_the_folds_disagree_falls_back():
+    """The one-standard-error rule: trusting the learned choice earns a little more out of fold (+0.05 a
+    task), but the folds' means spread by more than that, so the largest z within one standard error of
+    the best, "never", wins; with the same edge and folds that agree, the edge is kept."""
+    # Fold means of the fixed workflow: 0.2, 0.5 and 0.8 (folds disagree); the learned one 0.05 above
+    # in every fold.
+    n = 60
+    fold = np.arange(n) % 3
+    base = np.array([0.2, 0.5, 0.8])[fold]
+    rewards = np.stack([base, base + 0.05], axis=1)
+    kinds = np.array(["a"] * n, dtype=object)
+    learned, fixed = np.ones(n, dtype=int), np.zeros(n, dtype=int)
+    # Every item better by the same amount: the paired difference is certain (z = inf), every finite z
+    # trusts it, and it earns 0.05 more than "never" -- less than the best z's fold means' standard error.
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z == math.inf and (chosen == fixed).all()
+    # The same edge where the folds agree (every fold's mean 0.5): kept.
+    rewards = np.stack([np.full(n, 0.5), np.full(n, 0.55)], axis=1)
+    z, chosen = choose_gate_z(rewards, kinds, learned, fixed, fold)
+    assert z < math.inf and (chosen == learned).all()
+
+
 def test_the_point_is_the_nested_gate_not_the_gate_read_off_the_same_rows():
     """Far better in fold 0, a little worse in the others: over all the rows the learned choice looks
     better by 2.7 standard errors, and a gate read off them would keep it and credit the point with the
