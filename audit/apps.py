@@ -6,7 +6,9 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
-        from . import auth_events, user_events
+        from . import auth_events, grants_check, user_events, verify
 
         auth_events.connect()
         user_events.connect()
+        # Verification compares who holds which role with the events that granted it.
+        verify.row_check_register(grants_check.grants_problems)

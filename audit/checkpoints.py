@@ -180,6 +180,12 @@ def checkpoint_row(checkpoint: Checkpoint, *, key: Ed25519PublicKey) -> SignedCh
     )
 
 
+def row_matches_file(body: Any, signature: str, document: dict[str, Any]) -> bool:
+    """A checkpoint row says what its signed file says: the same body and the same signature. The one
+    comparison of the full verification and of a run's proof."""
+    return document.get("body") == body and document.get("signature") == signature
+
+
 def file_matches_row(checkpoint: Checkpoint) -> str | None:
     """Why a checkpoint row's file does not back it (missing, or a different body), or None."""
     path = settings.AUDIT_CHECKPOINT_DIR / checkpoint.file_name
@@ -187,7 +193,7 @@ def file_matches_row(checkpoint: Checkpoint) -> str | None:
         document = json.loads(path.read_text())
     except (OSError, ValueError):
         return f"checkpoint {checkpoint.number or checkpoint.pk}: its file {checkpoint.file_name} is missing or unreadable"
-    if document.get("body") != checkpoint.body or document.get("signature") != checkpoint.signature:
+    if not row_matches_file(checkpoint.body, checkpoint.signature, document):
         return f"checkpoint {checkpoint.number or checkpoint.pk}: its row differs from its file {checkpoint.file_name}"
     return None
 

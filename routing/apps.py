@@ -8,7 +8,7 @@ class RoutingConfig(AppConfig):
     def ready(self) -> None:
         from audit import policies, verify
 
-        from . import providers, record_check, telemetry
+        from . import providers, record_check, task_check, telemetry
         from .models import DataClass, Worker
         from .signals import run_finished
 
@@ -22,5 +22,6 @@ class RoutingConfig(AppConfig):
         )
         # Verification compares the run rows with the events that describe them.
         verify.row_check_register(record_check.run_rows_problems)
+        verify.row_check_register(task_check.task_rows_problems)
         # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
         run_finished.connect(telemetry.on_run_finished, dispatch_uid="routing.telemetry")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.db.models import Sum
+from django.db import connection
 from django.db.models.fields.json import KT
 
 from audit.actions import Action
@@ -50,7 +50,8 @@ class _Events:
         return self.last.get((action, str(obj.pk)))
 
 
-def _differs(event: AuditEvent, what: str, recorded: Any, now: Any) -> Problem:
+def differs(event: AuditEvent, what: str, recorded: Any, now: Any) -> Problem:
+    """What a row holds now against what `event` recorded when it was written."""
     return Problem(
         "row",
         event.pk,
@@ -60,23 +61,83 @@ def _differs(event: AuditEvent, what: str, recorded: Any, now: Any) -> Problem:
     )
 
 
+PLANNED = (Action.PLAN_EMITTED, Action.PLAN_REJECTED, Action.PLAN_BLOCKED)
+# A decision's columns that its plan event carries as they were written (the dossier shows them as fact).
+DECISION_RECORDED = ("raw_output", "plan", "alternatives")
+
+
+def _decision_problems(
+    decisions: list[Decision], steps: list[Step], events: _Events, name: str
+) -> Iterator[Problem]:
+    """Each decision against its plan event, each planned step's instruction against the plan the event
+    recorded, and every decision, step and attempt an event names against the rows that remain."""
+    by_id = {d.pk: d for d in decisions}
+    planned: dict[int, AuditEvent] = {}
+    for action in PLANNED:
+        for event in events.by_action[action]:
+            planned[int(event.object_id)] = event
+            if int(event.object_id) not in by_id:
+                yield Problem("row", event.pk, name, event.seq, f"decision {event.object_id} is gone")
+    for decision in decisions:
+        event = planned.get(decision.pk)
+        if event is None:
+            yield Problem(
+                "row", None, name, None, f"decision {decision.pk} is in its run, but no event records it"
+            )
+            continue
+        for column in DECISION_RECORDED:
+            if event.payload.get(column) != getattr(decision, column):
+                yield differs(
+                    event,
+                    f"decision {decision.pk}'s {column} (sha256)",
+                    content_hash(event.payload.get(column)),
+                    content_hash(getattr(decision, column)),
+                )
+    rows = {s.pk for s in steps}
+    for action in (Action.STEP_STARTED, Action.STEP_SUCCEEDED, Action.STEP_FAILED, Action.STEP_SKIPPED):
+        for event in events.by_action[action]:
+            if int(event.object_id) not in rows:
+                yield Problem("row", event.pk, name, event.seq, f"step {event.object_id} is gone")
+                rows.add(int(event.object_id))  # named once
+    for step in steps:
+        event = planned.get(step.decision_id)
+        plan = (event.payload.get("plan") or {}) if event is not None else {}
+        written = plan.get("steps") or []
+        if event is None or step.index >= len(written):
+            continue
+        if written[step.index].get("instruction") != step.instruction:
+            yield differs(
+                event,
+                f"step {step.pk}'s instruction (sha256)",
+                content_hash(written[step.index].get("instruction")),
+                content_hash(step.instruction),
+            )
+        if written[step.index].get("worker") != step.worker_slug:
+            yield differs(
+                event, f"step {step.pk}'s worker", written[step.index].get("worker"), step.worker_slug
+            )
+
+
 def _run_problems(
-    run: Run, events: _Events, steps: list[Step], attempts: list[Attempt], decided: Decimal, sealed: bool
+    run: Run,
+    events: _Events,
+    decisions: list[Decision],
+    steps: list[Step],
+    attempts: list[Attempt],
+    sealed: bool,
 ) -> Iterator[Problem]:
     name = run_chain(run.correlation_id)
+    yield from _decision_problems(decisions, steps, events, name)
     for step in steps:
         started = events.get(Action.STEP_STARTED, step)
         if started is not None:
             p = started.payload
             if p.get("worker") != step.worker_slug:
-                yield _differs(started, f"step {step.pk}'s worker", p.get("worker"), step.worker_slug)
+                yield differs(started, f"step {step.pk}'s worker", p.get("worker"), step.worker_slug)
             if p.get("vendor") != step.vendor:
-                yield _differs(started, f"step {step.pk}'s vendor", p.get("vendor"), step.vendor)
-            if step.messages_sent and p.get("messages_sha256") not in (
-                None,
-                content_hash(step.messages_sent),
-            ):
-                yield _differs(
+                yield differs(started, f"step {step.pk}'s vendor", p.get("vendor"), step.vendor)
+            if p.get("messages_sha256") not in (None, content_hash(step.messages_sent)):
+                yield differs(
                     started,
                     f"step {step.pk}'s messages (sha256)",
                     p.get("messages_sha256"),
@@ -91,9 +152,9 @@ def _run_problems(
             continue
         p = succeeded.payload
         if step.status != "succeeded":
-            yield _differs(succeeded, f"step {step.pk}'s status", "succeeded", step.status)
+            yield differs(succeeded, f"step {step.pk}'s status", "succeeded", step.status)
         if p.get("response_sha256") != content_hash(step.response):
-            yield _differs(
+            yield differs(
                 succeeded,
                 f"step {step.pk}'s response (sha256)",
                 p.get("response_sha256"),
@@ -101,9 +162,9 @@ def _run_problems(
             )
         worker = p.get("worker")
         if worker != CONDUCTOR_SLUG and worker != step.worker_slug:
-            yield _differs(succeeded, f"step {step.pk}'s worker", worker, step.worker_slug)
+            yield differs(succeeded, f"step {step.pk}'s worker", worker, step.worker_slug)
         if "vendor" in p and p["vendor"] != step.vendor:
-            yield _differs(succeeded, f"step {step.pk}'s vendor", p["vendor"], step.vendor)
+            yield differs(succeeded, f"step {step.pk}'s vendor", p["vendor"], step.vendor)
     by_key = {(a.step_id, a.number): a for a in attempts}
     for event in events.by_action[Action.STEP_SUCCEEDED]:
         p = event.payload
@@ -116,14 +177,12 @@ def _run_problems(
             )
             continue
         if attempt.status != Attempt.Status.SUCCEEDED:
-            yield _differs(event, f"attempt {attempt.pk}'s status", "succeeded", attempt.status)
+            yield differs(event, f"attempt {attempt.pk}'s status", "succeeded", attempt.status)
         if _money(p.get("cost_usd")) != attempt.cost_usd:
-            yield _differs(
-                event, f"attempt {attempt.pk}'s cost_usd", p.get("cost_usd"), str(attempt.cost_usd)
-            )
+            yield differs(event, f"attempt {attempt.pk}'s cost_usd", p.get("cost_usd"), str(attempt.cost_usd))
         for tokens in ("input_tokens", "output_tokens"):
             if p.get(tokens) != getattr(attempt, tokens):
-                yield _differs(
+                yield differs(
                     event, f"attempt {attempt.pk}'s {tokens}", p.get(tokens), getattr(attempt, tokens)
                 )
     for attempt in attempts:
@@ -132,9 +191,9 @@ def _run_problems(
             continue
         p = failed.payload
         if p.get("status") != attempt.status:
-            yield _differs(failed, f"attempt {attempt.pk}'s status", p.get("status"), attempt.status)
+            yield differs(failed, f"attempt {attempt.pk}'s status", p.get("status"), attempt.status)
         if p.get("http_status") != attempt.http_status:
-            yield _differs(
+            yield differs(
                 failed, f"attempt {attempt.pk}'s http_status", p.get("http_status"), attempt.http_status
             )
     for event in events.by_action[Action.RUN_RESUMED]:
@@ -143,12 +202,13 @@ def _run_problems(
             if attempt is None or "cost_usd" not in lost:
                 continue
             if _money(lost["cost_usd"]) != attempt.cost_usd:
-                yield _differs(
+                yield differs(
                     event,
                     f"lost attempt {attempt.pk}'s estimated cost_usd",
                     lost["cost_usd"],
                     str(attempt.cost_usd),
                 )
+    decided = sum((d.cost_usd for d in decisions), Decimal(0))
     yield from _run_totals(run, events, name, decided + sum((a.cost_usd for a in attempts), Decimal(0)))
     if run.status in FINISHED and not sealed:
         yield Problem(
@@ -170,27 +230,25 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
     if ended is not None and run.status == RunStatus.SUCCEEDED:
         p = ended.payload
         if p.get("final_answer_sha256") != content_hash(run.final_answer):
-            yield _differs(
+            yield differs(
                 ended,
                 f"run {run.pk}'s final answer (sha256)",
                 p.get("final_answer_sha256"),
                 content_hash(run.final_answer),
             )
         if "cost_usd" in p and _money(p["cost_usd"]) != run.cost_usd:
-            yield _differs(ended, f"run {run.pk}'s cost_usd", p["cost_usd"], str(run.cost_usd))
+            yield differs(ended, f"run {run.pk}'s cost_usd", p["cost_usd"], str(run.cost_usd))
         for tokens in ("input_tokens", "output_tokens"):
             if tokens in p and p[tokens] != getattr(run, tokens):
-                yield _differs(ended, f"run {run.pk}'s {tokens}", p[tokens], getattr(run, tokens))
+                yield differs(ended, f"run {run.pk}'s {tokens}", p[tokens], getattr(run, tokens))
         if p.get("score") != run.score:
-            yield _differs(ended, f"run {run.pk}'s score", p.get("score"), run.score)
+            yield differs(ended, f"run {run.pk}'s score", p.get("score"), run.score)
     if (
         ended is not None
         and run.status == RunStatus.FAILED
         and ended.payload.get("stop_reason") != run.stop_reason
     ):
-        yield _differs(
-            ended, f"run {run.pk}'s stop_reason", ended.payload.get("stop_reason"), run.stop_reason
-        )
+        yield differs(ended, f"run {run.pk}'s stop_reason", ended.payload.get("stop_reason"), run.stop_reason)
     # The total is the sum of its parts: decisions, attempts (estimates of lost calls included), judging.
     judged = sum(
         (_money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action[Action.SCORE_JUDGED]),
@@ -207,6 +265,38 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
         )
 
 
+_GONE_RUNS = """
+    WITH recorded AS (
+        SELECT s.payload->>'chain' AS chain FROM audit_auditevent s
+        WHERE s.chain = %(global_chain)s AND s.action = %(sealed)s
+        UNION
+        SELECT h.chain FROM audit_chainhead h WHERE h.chain LIKE 'run:%%'
+    ),
+    named AS (
+        SELECT chain, CASE WHEN chain ~ '^run:[0-9a-f-]{36}$' THEN substr(chain, 5)::uuid END AS correlation_id
+        FROM recorded WHERE chain = ANY(COALESCE(%(chains)s::text[], ARRAY[chain]))
+    )
+    SELECT chain FROM named
+    WHERE NOT EXISTS (SELECT 1 FROM routing_run r WHERE r.correlation_id = named.correlation_id)
+      AND NOT EXISTS (SELECT 1 FROM audit_chainpurge p WHERE p.chain = named.chain)
+    ORDER BY chain
+"""
+
+
+def gone_runs_problems(chains: list[str] | None) -> Iterator[Problem]:
+    """Run chains that the record holds (a seal in the global chain, or a chain head) with no run row:
+    the run's rows were deleted while its events remain (a purge keeps the rows)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _GONE_RUNS, {"global_chain": GLOBAL_CHAIN, "sealed": str(Action.RUN_SEALED), "chains": chains}
+        )
+        gone = [name for (name,) in cursor.fetchall()]
+    for name in gone:
+        yield Problem(
+            "row", None, name, None, f"the run of chain {name} is gone from the database; its events remain"
+        )
+
+
 def run_rows_problems(chains: list[str] | None) -> Iterator[Problem]:
     """The registered row check: the runs of these chains (None: every run), in batches."""
     runs = Run.objects.select_related("task").order_by("pk")
@@ -219,6 +309,7 @@ def run_rows_problems(chains: list[str] | None) -> Iterator[Problem]:
                 except ValueError:
                     continue
         runs = runs.filter(correlation_id__in=ids)
+    yield from gone_runs_problems(chains)
     last = 0
     while True:
         batch = list(runs.filter(pk__gt=last)[:BATCH])
@@ -241,18 +332,12 @@ def run_rows_problems(chains: list[str] | None) -> Iterator[Problem]:
         attempts: dict[int, list[Attempt]] = defaultdict(list)
         for attempt in Attempt.objects.filter(step__run__in=batch).select_related("step").order_by("pk"):
             attempts[attempt.step.run_id].append(attempt)
-        decided = dict(
-            Decision.objects.filter(run__in=batch)
-            .values("run")
-            .annotate(c=Sum("cost_usd"))
-            .values_list("run", "c")
-        )
+        decisions: dict[int, list[Decision]] = defaultdict(list)
+        for decision in Decision.objects.filter(run__in=batch).only(
+            "pk", "run_id", "cost_usd", *DECISION_RECORDED
+        ):
+            decisions[decision.run_id].append(decision)
         for name, run in names.items():
             yield from _run_problems(
-                run,
-                _Events(events[name]),
-                steps[run.pk],
-                attempts[run.pk],
-                decided.get(run.pk) or Decimal(0),
-                name in sealed,
+                run, _Events(events[name]), decisions[run.pk], steps[run.pk], attempts[run.pk], name in sealed
             )

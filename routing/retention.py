@@ -5,6 +5,7 @@ still verifies: the seal of each deleted run chain stays, and a ChainPurge row s
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -39,6 +40,26 @@ def due_tasks(now: datetime) -> list[Task]:
             .order_by("finished_at")[:BATCH]
         )
     return due
+
+
+def kept_after_purge(task_id: Any) -> dict[str, list[list[Any]]]:
+    """What a purge keeps of a task's runs: who was called, at what vendor, for what cost. The
+    task.purged event records it and verification compares the rows with it (the run chains that
+    bound these values are deleted with the content)."""
+    return {
+        "runs": [
+            [r.pk, r.kind, r.status, str(r.cost_usd), r.input_tokens, r.output_tokens]
+            for r in Run.objects.filter(task_id=task_id).order_by("pk")
+        ],
+        "steps": [
+            [s.pk, s.run_id, s.worker_slug, s.vendor, s.status]
+            for s in Step.objects.filter(run__task_id=task_id).order_by("pk")
+        ],
+        "attempts": [
+            [a.pk, a.step_id, a.status, str(a.cost_usd), a.input_tokens, a.output_tokens]
+            for a in Attempt.objects.filter(step__run__task_id=task_id).order_by("pk")
+        ],
+    }
 
 
 def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
@@ -92,6 +113,7 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
                 "finished_at": task.finished_at,
                 "retention_days": settings.RETENTION_DAYS[task.classification],
                 "chains": chains,
+                "kept": kept_after_purge(task.pk),
             },
         )
 

@@ -17,6 +17,7 @@ from routing.scoring.scorers import check_pattern
 from . import limits
 from .conductors import DEFAULT_STATIC_RULES
 from .errors import ServiceError
+from .hashing import content_hash
 from .models import ConductorVersion, DataClass, Run, RunStatus, Task, Worker
 from .providers import litellm_model_info
 from .replay import ReplayItem
@@ -203,6 +204,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                     "source": source,
                     "classification": task.classification,
                     "chars": len(text),
+                    "text_sha256": content_hash(task.text),
                     "has_reference": task.reference is not None,
                     "budgets": {
                         "max_steps": task.max_steps,

@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection
 from django.db.transaction import TransactionManagementError
 
 from .. import signing
-from ..checkpoints import body_digest, checkpoint_files
+from ..checkpoints import body_digest, checkpoint_files, row_matches_file
 from ..models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint
 from .chains import BATCH, HEAD_BATCH, _event_id, _Seal, _seal_problems, _unsigned, _Walk
 from .report import Problem, Report, hash_short
@@ -167,7 +167,9 @@ def _anchor_problems(
     """Every signed checkpoint file, one at a time: signature, numbering and links, each head against
     the events; then the database's checkpoint rows and events against the files."""
     signed, seen = _Rows(cursor, "verify_signed", 2), _Rows(cursor, "verify_seen", 1)
-    files: list[tuple[int, str, str]] = []  # (number, signature, label) waiting for their rows
+    files: list[
+        tuple[int, dict[str, Any], str]
+    ] = []  # (number, signed document, label) waiting for their rows
     pending: list[tuple[str, int, str, str]] = []
     reported: set[str] = set()
     previous: Any = None
@@ -214,7 +216,7 @@ def _anchor_problems(
                     f"{label} does not link to checkpoint {previous.number}",
                 )
         previous = item
-        files.append((number, item.signature, label))
+        files.append((number, {"body": item.body, "signature": item.signature}, label))
         report.checkpoint_number = number
         report.checkpoint_at = item.body.get("created_at")
         latest_at = datetime.fromisoformat(report.checkpoint_at) if report.checkpoint_at else latest_at
@@ -270,21 +272,21 @@ def _anchor_problems(
             yield from _unsigned(payload.get("chain", ""), seal, signed_seq or 0, latest_at)
 
 
-def _file_rows(report: Report, files: list[tuple[int, str, str]]) -> Iterator[Problem]:
+def _file_rows(report: Report, files: list[tuple[int, dict[str, Any], str]]) -> Iterator[Problem]:
     """Checkpoint files against their rows, a batch at a time."""
-    rows = dict(
-        (number, (pk, signature))
-        for number, pk, signature in Checkpoint.objects.filter(
-            number__in=[n for n, _, _ in files]
-        ).values_list("number", "pk", "signature")
-    )
-    for number, signature, label in files:
+    rows = {
+        number: (pk, body, signature)
+        for number, pk, body, signature in Checkpoint.objects.filter(
+            number__in=[n for n, *_ in files]
+        ).values_list("number", "pk", "body", "signature")
+    }
+    for number, document, label in files:
         row = rows.get(number)
         if row is None:
             yield Problem(
                 "checkpoint", None, GLOBAL_CHAIN, None, f"{label}: its row is gone from the database"
             )
-        elif row[1] != signature:
+        elif not row_matches_file(row[1], row[2], document):
             yield Problem("checkpoint", None, GLOBAL_CHAIN, None, f"{label}: its row differs from its file")
         if number == report.checkpoint_number:
             report.checkpoint_id = row[0] if row else None

@@ -11,7 +11,7 @@ from ..templatetags.display import time_text
 
 @dataclass(frozen=True)
 class Problem:
-    # altered | missing | reordered | added | checkpoint | purge | row | unsealed
+    # altered | missing | reordered | added | checkpoint | purge | row | unsealed | grant
     kind: str
     event_id: int | None  # the bad event, when it still exists
     chain: str

@@ -418,3 +418,139 @@ def test_one_runs_proof_reads_the_same_few_rows_however_large_the_record(
         report = verify(chains=[chain_of(run)])
     assert report.intact and report.checkpoint_number == 1
     assert Checkpoint.objects.count() == 5 and Decimal(run.cost_usd) > 0
+
+
+# --- 5. every value an auditor reads -----------------------------------------------------------------
+
+VALUE_CHANGES = {
+    "task classification": (
+        "UPDATE routing_task SET classification = 'public' WHERE id = %(task)s",
+        "classification",
+    ),
+    "task text": ("UPDATE routing_task SET text = 'forged' WHERE id = %(task)s", "text (sha256)"),
+    "task cost": ("UPDATE routing_task SET cost_usd = cost_usd + 1 WHERE id = %(task)s", "cost_usd"),
+    "task answer": ("UPDATE routing_task SET final_answer = 'forged' WHERE id = %(task)s", "final answer"),
+    "decision plan": (
+        "UPDATE routing_decision SET plan = jsonb_set(plan, '{steps,0,worker}', '\"gamma\"') WHERE run_id = %(run)s",
+        "plan (sha256)",
+    ),
+    "decision raw output": (
+        "UPDATE routing_decision SET raw_output = 'forged' WHERE run_id = %(run)s",
+        "raw_output (sha256)",
+    ),
+    "step instruction": (
+        "UPDATE routing_step SET instruction = 'forged' WHERE id = %(step)s",
+        "instruction (sha256)",
+    ),
+    "step messages emptied": (
+        "UPDATE routing_step SET messages_sent = NULL WHERE id = %(step)s",
+        "messages (sha256)",
+    ),
+    "task purged by hand": (
+        "UPDATE routing_task SET purged_at = now() WHERE id = %(task)s",
+        "no task.purged event",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(VALUE_CHANGES))
+def test_a_value_the_dossier_shows_is_bound_to_an_event(finished_run, audit_files, make_user, case):
+    """Each column the dossier and the task page show as fact, changed as a superuser would: the full
+    verification and the run's proof name it, and the dossier does not say intact."""
+    statement, what = VALUE_CHANGES[case]
+    step = Step.objects.filter(run=finished_run).order_by("index").first()
+    checkpoint_create()
+    assert verify().intact, verify().problems
+    assert sql(statement, {"task": finished_run.task_id, "step": step.pk, "run": finished_run.pk}) >= 1
+
+    report = verify()
+    assert not report.intact
+    assert {p.kind for p in report.problems} == {"row"}, report.problems
+    assert any(what in p.detail for p in report.problems), report.problems
+    proof = verify(chains=[chain_of(finished_run)])
+    assert any(what in p.detail for p in proof.problems), proof.problems
+    client = Client()
+    client.force_login(make_user("ann", Role.AUDITOR))
+    page = client.get(f"/audit/tasks/{finished_run.task_id}/").content.decode()
+    assert "NOT INTACT" in page
+
+
+def test_a_runs_rows_deleted_while_its_events_remain_are_named(finished_run, audit_files):
+    checkpoint_create()
+    run = finished_run.pk
+    for statement in (
+        "DELETE FROM routing_attempt WHERE step_id IN (SELECT id FROM routing_step WHERE run_id = %(run)s)",
+        "DELETE FROM routing_step WHERE run_id = %(run)s",
+        "DELETE FROM routing_decision WHERE run_id = %(run)s",
+        "DELETE FROM routing_run WHERE id = %(run)s",
+    ):
+        sql(statement, {"run": run})
+    report = verify()
+    gone = [p for p in report.problems if p.chain == chain_of(finished_run) and "is gone" in p.detail]
+    assert gone, report.problems
+    # The task's totals no longer add up to its runs' either.
+    assert any("add up to" in p.detail for p in report.problems), report.problems
+
+
+def test_a_step_row_deleted_is_named_against_its_events(finished_run, audit_files):
+    step = Step.objects.filter(run=finished_run).order_by("index").last()
+    sql("DELETE FROM routing_attempt WHERE step_id = %s", [step.pk])
+    sql("DELETE FROM routing_step WHERE id = %s", [step.pk])
+    problems = verify(chains=[chain_of(finished_run)]).problems
+    assert any(p.detail == f"step {step.pk} is gone" and p.event_id for p in problems), problems
+
+
+def test_after_a_purge_the_rows_it_kept_are_bound_to_its_event(finished_run, audit_files, settings):
+    """A purge keeps who was called, at what vendor, for what cost; its event records them, so they
+    cannot be changed afterwards, although the run chains that bound them are gone."""
+    from audit.services import Actor
+    from routing.retention import task_purge
+
+    checkpoint_create()
+    task = finished_run.task
+    task_purge(task=task, actor=Actor.service("retention"), now=timezone.now())
+    assert verify().intact, verify().problems
+    step = Step.objects.filter(run=finished_run).order_by("index").first()
+    attempt = Attempt.objects.filter(step=step).first()
+    sql("UPDATE routing_step SET vendor = 'elsewhere' WHERE id = %s", [step.pk])
+    sql("UPDATE routing_attempt SET cost_usd = 0 WHERE id = %s", [attempt.pk])
+    problems = verify().problems
+    named = {p.detail.split(" (kept")[0] for p in problems if "kept after the purge" in p.detail}
+    assert named == {f"step {step.pk}", f"attempt {attempt.pk}"}, problems
+
+
+def test_a_role_granted_by_sql_is_named(audit_files, make_user):
+    """A grant that no event records: a row inserted into auth_user_groups, a flag set by UPDATE."""
+    from django.contrib.auth.models import Group
+
+    make_user("ann", Role.AUDITOR)
+    bob = make_user("bob")
+    admin = Group.objects.get_or_create(name=Role.ADMIN)[0]
+    assert verify(use_checkpoint=False).intact
+    sql("INSERT INTO auth_user_groups (user_id, group_id) VALUES (%s, %s)", [bob.pk, admin.pk])
+    sql("UPDATE auth_user SET is_superuser = true WHERE username = 'ann'")
+    problems = [p for p in verify(use_checkpoint=False).problems if p.kind == "grant"]
+    details = " | ".join(p.detail for p in problems)
+    assert "user bob's roles are ['admin'] in auth_user_groups; the events record []" in details
+    assert "user ann's is_superuser is True in auth_user; the events record False" in details
+    # A grant through the app is recorded, and verifies.
+    sql("DELETE FROM auth_user_groups WHERE user_id = %s AND group_id = %s", [bob.pk, admin.pk])
+    sql("UPDATE auth_user SET is_superuser = false WHERE username = 'ann'")
+    from audit.roles import user_set_roles
+
+    user_set_roles(user=bob, roles=[Role.ADMIN])
+    assert verify(use_checkpoint=False).intact, verify(use_checkpoint=False).problems
+
+
+def test_a_checkpoint_row_edited_with_its_signature_kept_fails_both_verifiers(finished_run, audit_files):
+    """The full verification and a run's proof read a checkpoint row the same way."""
+    checkpoint = checkpoint_create()
+    with triggers_off():
+        sql(
+            "UPDATE audit_checkpoint SET body = jsonb_set(body, '{created_at}', '\"2000-01-01T00:00:00+00:00\"') WHERE id = %s",
+            [checkpoint.pk],
+        )
+    full = verify(rows=False)
+    proof = verify(chains=[chain_of(finished_run)], rows=False)
+    assert any("differs from its file" in p.detail for p in full.problems), full.problems
+    assert not proof.intact, proof.problems

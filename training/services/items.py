@@ -11,6 +11,7 @@ from django.db import transaction
 from audit.actions import Action
 from audit.services import Actor, event_record
 from routing import replay
+from routing.hashing import content_hash
 from routing.models import ConductorVersion, DataClass, Run, RunStatus, Task
 from routing.services import run_enqueue
 
@@ -74,7 +75,12 @@ def item_task(item: replay.ReplayItem, actor: Actor) -> Task:
             action=Action.TASK_SUBMITTED,
             obj=task,
             task_id=task.id,
-            payload={"source": Task.Source.TRAINING, "item": item.id, "classification": task.classification},
+            payload={
+                "source": Task.Source.TRAINING,
+                "item": item.id,
+                "classification": task.classification,
+                "text_sha256": content_hash(task.text),
+            },
         )
     else:
         Task.objects.filter(pk=task.pk).update(status=RunStatus.RUNNING, finished_at=None)
