@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from audit.roles import EVERYONE, user_roles
 
@@ -34,3 +34,10 @@ class TaskEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_event(self, message: dict) -> None:
         await self.send_json(message["event"])
+
+
+class NoSuchSocket(AsyncWebsocketConsumer):
+    """A websocket path that serves nothing: refused at the handshake, as an unknown task is."""
+
+    async def connect(self) -> None:
+        await self.close(code=4404)

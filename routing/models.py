@@ -22,10 +22,10 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from .limits import name_check
+from .limits import USD_DECIMAL_PLACES, USD_MAX_DIGITS, name_check
 from .secrets import SECRET_CONFIG_KEYS, key_env_check
 
-USD = {"max_digits": 20, "decimal_places": 10}
+USD = {"max_digits": USD_MAX_DIGITS, "decimal_places": USD_DECIMAL_PLACES}
 ZERO = Decimal("0")
 
 

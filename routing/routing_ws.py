@@ -1,7 +1,10 @@
-"""Websocket URLs: a task's live events."""
+"""Websocket URLs: a task's live events; any other path is refused at the handshake (not a 500)."""
 
-from django.urls import path
+from django.urls import path, re_path
 
-from .consumers import TaskEventsConsumer
+from .consumers import NoSuchSocket, TaskEventsConsumer
 
-websocket_urlpatterns = [path("ws/tasks/<str:task_id>/", TaskEventsConsumer.as_asgi())]
+websocket_urlpatterns = [
+    path("ws/tasks/<str:task_id>/", TaskEventsConsumer.as_asgi()),
+    re_path(r"", NoSuchSocket.as_asgi()),
+]

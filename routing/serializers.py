@@ -25,7 +25,7 @@ class TaskSubmitInput(serializers.Serializer):
     max_depth = serializers.IntegerField(required=False, validators=limits.MAX_DEPTH_VALIDATORS)
     max_usd = serializers.DecimalField(
         required=False,
-        max_digits=None,
+        max_digits=limits.USD_MAX_DIGITS,  # refused before it is rounded: 1e30 is a 400, not a 500
         decimal_places=limits.USD_DECIMAL_PLACES,
         validators=limits.MAX_USD_VALIDATORS,
         help_text=f"The task's cost budget in USD, 0 to {limits.MAX_USD}",

@@ -253,6 +253,7 @@ def test_the_standard_password_validators_are_configured():
         "MinimumLengthValidator",
         "CommonPasswordValidator",
         "NumericPasswordValidator",
+        "UsernameInPasswordValidator",
     ]
     assert settings.AUTH_PASSWORD_VALIDATORS[1]["OPTIONS"]["min_length"] == 12
 
@@ -264,6 +265,9 @@ def test_the_standard_password_validators_are_configured():
         ("alice", "password1234", "too common"),
         ("alice", "483920175583", "entirely numeric"),
         ("margaret.hamilton", "margaret.hamilton1", "too similar"),
+        ("operator", "operatoroperator", "mostly the username"),
+        ("ann", "annannannannann", "mostly the username"),
+        ("operator", "Operator2024!!", "mostly the username"),
     ],
 )
 def test_grant_role_create_applies_the_standard_password_rules(username, password, reason):
@@ -273,6 +277,7 @@ def test_grant_role_create_applies_the_standard_password_rules(username, passwor
 
 
 def test_grant_role_create_accepts_a_good_passphrase():
+    grant_create("ann", "annotated violet tractor")  # the username inside, not most of it
     grant_create("alice", "violet tractor lantern")
     assert get_user_model().objects.get(username="alice").check_password("violet tractor lantern")
 

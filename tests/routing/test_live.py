@@ -127,12 +127,16 @@ def test_a_user_with_a_role_connects_but_not_from_a_foreign_origin(make_user):
         not_a_task = communicator("not-a-uuid", headers)
         bad, bad_code = await not_a_task.connect()
         await not_a_task.disconnect()
-        return ok, refused, bad, bad_code
+        nowhere = WebsocketCommunicator(application, "/ws/no-such-thing/", headers=headers)
+        unknown, unknown_code = await nowhere.connect()
+        await nowhere.disconnect()
+        return ok, refused, bad, bad_code, unknown, unknown_code
 
-    ok, refused, bad, bad_code = async_to_sync(scenario)()
+    ok, refused, bad, bad_code, unknown, unknown_code = async_to_sync(scenario)()
     assert ok is True
     assert refused is False  # the session cookie alone is not enough: cross-site pages are refused
     assert bad is False and bad_code == 4404
+    assert unknown is False and unknown_code == 4404  # an unknown path is refused, not a 500
 
 
 # --- what is delivered ----------------------------------------------------------------------------
