@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -16,8 +14,7 @@ from django.utils import timezone
 from . import rows
 from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
-
-GENESIS = "0" * 64
+from .proof import GENESIS, canonical, content_of, digest, digest_canonical  # noqa: F401 (the one definition, re-exported)
 
 
 def run_chain(correlation_id: uuid.UUID | str) -> str:
@@ -26,50 +23,6 @@ def run_chain(correlation_id: uuid.UUID | str) -> str:
 
 def chain_for(correlation_id: uuid.UUID | None) -> str:
     return run_chain(correlation_id) if correlation_id else GLOBAL_CHAIN
-
-
-def canonical(fields: dict[str, Any]) -> bytes:
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def content_of(
-    *,
-    chain: str,
-    seq: int,
-    occurred_at: datetime,
-    actor_type: str,
-    actor_id: str,
-    actor_name: str,
-    action: str,
-    object_type: str,
-    object_id: str,
-    task_id: Any,
-    correlation_id: Any,
-    payload: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "chain": chain,
-        "seq": seq,
-        "occurred_at": occurred_at.astimezone(UTC).isoformat(),
-        "actor_type": actor_type,
-        "actor_id": actor_id,
-        "actor_name": actor_name,
-        "action": action,
-        "object_type": object_type,
-        "object_id": object_id,
-        "task_id": str(task_id) if task_id else None,
-        "correlation_id": str(correlation_id) if correlation_id else None,
-        "payload": payload,
-    }
-
-
-def digest(prev_hash: str, content: dict[str, Any]) -> str:
-    return _digest(prev_hash, canonical(content))
-
-
-def _digest(prev_hash: str, body: bytes) -> str:
-    """`digest` of content already made canonical."""
-    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
 
 
 def event_content(event: AuditEvent) -> dict[str, Any]:
@@ -327,7 +280,7 @@ def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) ->
     occurred_at = timezone.now()
     seq = head_seq + 1
     body = canonical(content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields))
-    hash_ = _digest(head_hash, body)
+    hash_ = digest_canonical(head_hash, body)
     event = AuditEvent(
         chain=chain, seq=seq, prev_hash=head_hash, hash=hash_, occurred_at=occurred_at, **fields
     )

@@ -12,7 +12,6 @@ signature covers yet is a few seconds long.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,14 +27,11 @@ from django.utils import timezone
 from . import chain, signing
 from .actions import Action
 from .models import GLOBAL_CHAIN, ChainHead, Checkpoint, CheckpointHead
+from .proof import body_digest
 
 FORMAT = "conductor-web/audit-checkpoint/2"
 # A head appended this long before the previous checkpoint may have committed after it: looked at again.
 COMMIT_MARGIN = timedelta(seconds=60)
-
-
-def body_digest(body: dict[str, Any]) -> str:
-    return hashlib.sha256(chain.canonical(body)).hexdigest()
 
 
 def _moved_heads(since: Any) -> list[tuple[str, int, str]]:

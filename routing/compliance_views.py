@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -18,6 +18,7 @@ from audit.roles import AUDIT_ROLES, request_roles, role_required
 from audit.services import Actor, legal_hold_place, legal_hold_release, record_viewed
 
 from . import compliance, selectors
+from .dossier_bundle import dossier_bundle
 from .models import Task
 
 
@@ -27,7 +28,13 @@ def dossier(request: HttpRequest, task_id) -> HttpResponse:
         task = selectors.task_detail(task_id=task_id)
     except Task.DoesNotExist as exc:
         raise Http404("No such task") from exc
-    download = params.choice(request.GET, "download", ("1", "html", "pdf"))
+    download = params.choice(request.GET, "download", ("1", "html", "pdf", "bundle"))
+    if download == "bundle":
+        record_viewed(request=request, task=task, view="dossier export (bundle)")
+        bundle = dossier_bundle(task, exported_by=request.user.get_username())
+        response = JsonResponse(bundle, json_dumps_params={"indent": 1, "ensure_ascii": False})
+        response["Content-Disposition"] = f'attachment; filename="dossier-{task.pk}.json"'
+        return response
     context = compliance.dossier_context(task)
     if download:
         pdf = download == "pdf"

@@ -1,11 +1,6 @@
-"""The hash of a JSON value that events record for what they do not carry (messages, responses)."""
+"""The hash of a JSON value that events record for what they do not carry (messages, responses):
+defined once, in the Django-free audit.proof that the standalone bundle verifier reads too."""
 
-from __future__ import annotations
+from audit.proof import content_hash
 
-import hashlib
-import json
-from typing import Any
-
-
-def content_hash(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+__all__ = ["content_hash"]

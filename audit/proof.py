@@ -1,0 +1,72 @@
+"""What an audit event's hash is, defined once and without Django: the app writes and verifies its
+chains with it (audit.chain), and the standalone bundle verifier (audit.bundle) checks an exported
+dossier with it and nothing else.
+
+An event's hash is sha256(previous hash + canonical JSON of its content); the first event of a chain
+links to GENESIS. A value an event does not carry (a prompt, a response) is recorded by content_hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+GENESIS = "0" * 64
+
+
+def canonical(fields: dict[str, Any]) -> bytes:
+    """The bytes that are hashed and signed: sorted keys, no spaces, UTF-8."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def content_hash(value: Any) -> str:
+    """The sha256 an event records for a JSON value it does not carry (messages, a response, a text)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def content_of(
+    *,
+    chain: str,
+    seq: int,
+    occurred_at: datetime,
+    actor_type: str,
+    actor_id: str,
+    actor_name: str,
+    action: str,
+    object_type: str,
+    object_id: str,
+    task_id: Any,
+    correlation_id: Any,
+    payload: dict[str, Any],
+) -> dict[str, Any]:
+    """An event's content, as its hash covers it (times in UTC, ids as text)."""
+    return {
+        "chain": chain,
+        "seq": seq,
+        "occurred_at": occurred_at.astimezone(UTC).isoformat(),
+        "actor_type": actor_type,
+        "actor_id": actor_id,
+        "actor_name": actor_name,
+        "action": action,
+        "object_type": object_type,
+        "object_id": object_id,
+        "task_id": str(task_id) if task_id else None,
+        "correlation_id": str(correlation_id) if correlation_id else None,
+        "payload": payload,
+    }
+
+
+def digest(prev_hash: str, content: dict[str, Any]) -> str:
+    return digest_canonical(prev_hash, canonical(content))
+
+
+def digest_canonical(prev_hash: str, body: bytes) -> str:
+    """`digest` of content already made canonical."""
+    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+
+
+def body_digest(body: dict[str, Any]) -> str:
+    """A checkpoint body's digest (the next checkpoint links to it)."""
+    return hashlib.sha256(canonical(body)).hexdigest()
