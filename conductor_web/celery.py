@@ -51,8 +51,41 @@ app.autodiscover_tasks()
 def _embedded_servers(**_kwargs) -> None:
     """`celery -A conductor_web worker` (or beat) is an entry point: with DATABASE_URL or REDIS_URL
     unset, the embedded servers start (or are found running) before the worker connects to either.
-    Importing the app (every import of the package does) starts nothing."""
+    Importing the app (every import of the package does) starts nothing. A broker that would lose
+    its queues at a restart is refused here (broker_persistence_problem)."""
     start_unless_set()
+    problem = broker_persistence_problem(settings.CELERY_BROKER_URL)
+    if problem and not settings.CONDUCTOR_ALLOW_VOLATILE_BROKER:
+        raise SystemExit(f"conductor: refusing to start: {problem}")
+
+
+def broker_persistence_problem(url: str) -> str | None:
+    """Why a Redis broker would lose the runs queued in it at a restart, or None.
+
+    A Redis with neither an append-only file nor snapshots keeps its queues in memory only; after a
+    restart their runs would wait for the broker's visibility timeout (hours) before the resume sweep
+    sent them again. Other brokers, and a Redis that will not say (CONFIG refused), pass."""
+    if not url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
+        return None
+    client = redis.Redis.from_url(url.replace("redis+socket://", "unix://", 1), socket_timeout=5)
+    try:
+        appendonly = client.config_get("appendonly").get("appendonly", "")
+        snapshots = client.config_get("save").get("save", "")
+    except redis.ResponseError:
+        return None
+    finally:
+        client.close()
+    if appendonly == "yes" or snapshots.strip():
+        return None
+    where = client.connection_pool.connection_kwargs.get(
+        "path"
+    ) or client.connection_pool.connection_kwargs.get("host")
+    return (
+        f"the Redis broker at {where} keeps its queues in memory only (appendonly no, no snapshots): runs"
+        f" queued at its restart would wait {settings.CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout']} s"
+        " before they are sent again. Turn on its append-only file (appendonly yes), or set"
+        " CONDUCTOR_ALLOW_VOLATILE_BROKER=1 to accept that"
+    )
 
 
 @signals.task_prerun.connect

