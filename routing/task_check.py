@@ -5,6 +5,7 @@ What the task page and the dossier show as fact about a task is bound to an even
 - its text (sha256), classification and budgets to its `task.submitted` event;
 - its totals to its runs' (each run's bound to its own chain), its answer and score to its own runs'
   (the live run's, or the retry's that answered after it);
+- its rows of the exposure map (a rollup) to the vendors its steps and judges reached;
 - a purge (`purged_at`, after which its content is gone) to a `task.purged` event of the global chain
   and a signed ChainPurge for each of its run chains, and what the purge kept (who was called, at what
   vendor, for what cost) to what that event recorded.
@@ -23,7 +24,7 @@ from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge
 from audit.verify import Problem
 
 from .hashing import content_hash
-from .models import Run, RunStatus, Task
+from .models import PendingRollup, Run, RunStatus, Step, StepStatus, Task, TaskExposure
 from .record_check import differs
 from .retention import kept_after_purge
 
@@ -54,8 +55,10 @@ def _submission_problems(task: Task, event: AuditEvent | None, chain: str) -> It
 
 
 def _totals_problems(task: Task, runs: list[Run], chain: str) -> Iterator[Problem]:
-    """Totals are the sum of the runs'; answer and score those of the last own run that succeeded."""
-    for name in ("cost_usd", "input_tokens", "output_tokens"):
+    """Totals are the sum of the runs' (once none is going: a run adds to its task's when it ends);
+    answer and score those of the last own run that succeeded."""
+    going = any(r.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs)
+    for name in () if going else ("cost_usd", "input_tokens", "output_tokens"):
         total = sum((getattr(r, name) for r in runs), Decimal(0) if name == "cost_usd" else 0)
         if total != getattr(task, name):
             yield _task_problem(
@@ -108,11 +111,64 @@ def _purge_problems(
                 yield differs(event, f"{noun} {pk} (kept after the purge)", was.get(pk), is_.get(pk))
 
 
+def _exposure_problems(
+    task: Task, runs: list[Run], reached: set[str], exposed: dict[str, str], pending: bool, chain: str
+) -> Iterator[Problem]:
+    """The exposure map's rows for the task (a rollup) against the vendors its steps and judges reached
+    (each bound to its event): a vendor it names that nothing reached, a class other than the task's,
+    and, once every run is in the rollups, a vendor reached that it leaves out."""
+    for vendor, classification in sorted(exposed.items()):
+        if vendor not in reached:
+            yield _task_problem(
+                task,
+                f"the exposure map says vendor {vendor!r} saw it; no step or judge of its runs reached {vendor!r}",
+                chain,
+            )
+        elif classification != task.classification:
+            yield _task_problem(
+                task,
+                f"the exposure map records it as {classification!r} at {vendor!r}; it is {task.classification!r}",
+                chain,
+            )
+    finished = all(r.status in (RunStatus.SUCCEEDED, RunStatus.FAILED) for r in runs)
+    if finished and not pending:
+        for vendor in sorted(reached - exposed.keys()):
+            yield _task_problem(
+                task,
+                f"vendor {vendor!r} saw it (its steps' events say so), but the exposure map leaves {vendor!r} out",
+                chain,
+            )
+
+
 def _check(tasks: list[Task]) -> Iterator[Problem]:
     ids = [t.pk for t in tasks]
     runs: dict[uuid.UUID, list[Run]] = defaultdict(list)
     for run in Run.objects.filter(task_id__in=ids).order_by("pk"):
         runs[run.task_id].append(run)
+    reached: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for task_id, vendor in (
+        Step.objects.filter(run__task_id__in=ids, started_at__isnull=False)
+        .exclude(status=StepStatus.PENDING)
+        .exclude(vendor="")
+        .values_list("run__task_id", "vendor")
+    ):
+        reached[task_id].add(vendor)
+    by_chain = {run_chain(r.correlation_id): r.task_id for rs in runs.values() for r in rs}
+    for name, payload in AuditEvent.objects.filter(
+        chain__in=list(by_chain), action=Action.SCORE_JUDGED
+    ).values_list("chain", "payload"):
+        if payload.get("vendor") and (payload.get("input_tokens") or 0) > 0:
+            reached[by_chain[name]].add(payload["vendor"])
+    exposed: dict[uuid.UUID, dict[str, str]] = defaultdict(dict)
+    for task_id, vendor, classification in TaskExposure.objects.filter(task_id__in=ids).values_list(
+        "task_id", "vendor", "classification"
+    ):
+        exposed[task_id][vendor] = classification
+    pending = set(
+        Run.objects.filter(task_id__in=ids, pk__in=PendingRollup.objects.values("run_id")).values_list(
+            "task_id", flat=True
+        )
+    )
     events: dict[tuple[str, str], AuditEvent] = {}
     for event in AuditEvent.objects.filter(
         object_type="task",
@@ -133,6 +189,9 @@ def _check(tasks: list[Task]) -> Iterator[Problem]:
             continue
         yield from _submission_problems(task, submitted, chain)
         yield from _totals_problems(task, runs[task.pk], chain)
+        yield from _exposure_problems(
+            task, runs[task.pk], reached[task.pk], exposed[task.pk], task.pk in pending, chain
+        )
 
 
 def task_rows_problems(chains: list[str] | None) -> Iterator[Problem]:

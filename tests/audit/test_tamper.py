@@ -554,3 +554,31 @@ def test_a_checkpoint_row_edited_with_its_signature_kept_fails_both_verifiers(fi
     proof = verify(chains=[chain_of(finished_run)], rows=False)
     assert any("differs from its file" in p.detail for p in full.problems), full.problems
     assert not proof.intact, proof.problems
+
+
+@pytest.mark.parametrize(
+    ("statement", "what"),
+    [
+        ("DELETE FROM routing_taskexposure WHERE task_id = %(task)s", "the exposure map leaves"),
+        (
+            "INSERT INTO routing_taskexposure (task_id, vendor, classification, task_created_at, first_at, last_at)"
+            " VALUES (%(task)s, 'elsewhere', 'internal', now(), now(), now())",
+            "no step or judge of its runs reached 'elsewhere'",
+        ),
+        (
+            "UPDATE routing_taskexposure SET classification = 'public' WHERE task_id = %(task)s",
+            "the exposure map records it as 'public'",
+        ),
+    ],
+    ids=["vendor hidden", "vendor added", "class changed"],
+)
+def test_the_exposure_map_is_bound_to_the_steps_that_reached_each_vendor(
+    finished_run, audit_files, statement, what
+):
+    from routing.rollups import fold
+
+    fold()
+    assert verify(use_checkpoint=False).intact, verify(use_checkpoint=False).problems
+    assert sql(statement, {"task": finished_run.task_id}) >= 1
+    problems = verify(use_checkpoint=False).problems
+    assert any(what in p.detail for p in problems), problems
