@@ -1,9 +1,9 @@
 """Chaos: runs through kills, provider faults and restarts of Redis and PostgreSQL, on loopback.
 
-    python -m bench.chaos --runs 40 --write
+    python -m bench.chaos --write
 
 Everything real and private to the harness: its own embedded PostgreSQL and Redis in a fresh folder
-(`--var-dir`, never the developer's), two `celery worker` processes and `celery beat`, and a loopback
+(`--var-dir`, never the developer's), `--workers` `celery worker` processes (2 slots each) and `celery beat`, and a loopback
 OpenAI-protocol server whose workers answer slowly, with 20% faults (429 with Retry-After, 500,
 malformed 200 bodies). Every few seconds it does one of: SIGKILL a worker's pool process mid-run,
 SIGKILL a whole worker (and start another), restart Redis, restart PostgreSQL. Then it waits for every
@@ -184,13 +184,17 @@ def restart_postgres(var_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--child-kills", type=int, default=6)
-    parser.add_argument("--worker-kills", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=1, help="run workers of 2 slots each")
+    parser.add_argument("--child-kills", type=int, default=30)
+    parser.add_argument("--worker-kills", type=int, default=10)
     parser.add_argument("--redis-restarts", type=int, default=1)
     parser.add_argument("--postgres-restarts", type=int, default=1)
     parser.add_argument("--fault-rate", type=float, default=0.2)
-    parser.add_argument("--every", type=float, default=4, help="seconds between actions")
+    parser.add_argument("--every", type=float, default=2, help="seconds between actions (at least)")
+    parser.add_argument(
+        "--every-max", type=float, default=3, help="at most this many seconds between actions"
+    )
     parser.add_argument("--deadline", type=float, default=600, help="seconds to wait for every run to end")
     parser.add_argument("--var-dir", default=str(Path(tempfile.gettempdir()) / "conductor-chaos"))
     parser.add_argument("--json", help="write the figures here too")
@@ -249,7 +253,7 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
     from routing.models import Attempt, Run, RunStatus, Step, StepStatus, Task
     from routing.services import TaskSubmission, task_submit
 
-    workers = [cluster.worker(), cluster.worker()]
+    workers = [cluster.worker() for _ in range(args.workers)]
     cluster.maintenance_worker()
     cluster.start_beat()
     runs = []
@@ -264,9 +268,10 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
         + ["postgres"] * args.postgres_restarts
     )
     random.Random(args.seed).shuffle(actions)
+    pauses = random.Random(args.seed + 1)
     restarts = Counter()
     for number, action in enumerate(actions):
-        time.sleep(1.5 if number == 0 else args.every)
+        time.sleep(1.5 if number == 0 else pauses.uniform(args.every, args.every_max or args.every))
         for _ in range(3):
             try:
                 in_flight = list(Run.objects.filter(status=RunStatus.RUNNING).values_list("pk", "worker_pid"))
@@ -395,11 +400,12 @@ def _write(args, f: dict[str, Any]) -> None:
         "chaos",
         f"""## Chaos: kills, provider faults and restarts
 
-Command: `python -m bench.chaos --runs {args.runs} --child-kills {args.child_kills} --worker-kills {args.worker_kills} --redis-restarts {args.redis_restarts} --postgres-restarts {args.postgres_restarts} --write`
-on {f["machine"]}: a private embedded PostgreSQL and Redis, two `celery worker` processes
-(concurrency 2, run slots 4), a housekeeping worker (`maintenance` queue, as the demo runs one) and
+Command: `python -m bench.chaos --workers {args.workers} --runs {args.runs} --child-kills {args.child_kills} --worker-kills {args.worker_kills} --redis-restarts {args.redis_restarts} --postgres-restarts {args.postgres_restarts} --every {args.every:g} --every-max {args.every_max:g} --write`
+on {f["machine"]}: a private embedded PostgreSQL and Redis, {args.workers} `celery worker` process(es)
+(concurrency 2, run slots {2 * args.workers}), a housekeeping worker (`maintenance` queue, as the demo runs one) and
 `celery beat`, default delivery settings, a loopback provider with {int(args.fault_rate * 100)}% faults (429,
-500, malformed 200) and 0.3-1.2 s answers, three-step plans. An action every {args.every:g} s, in a shuffled order.
+500, malformed 200) and 0.3-1.2 s answers, three-step plans. An action every {args.every:g} to {args.every_max:g} s, in a shuffled order,
+while the runs keep every slot busy.
 "Paid calls repeated" counts the provider's billable answers beyond one per succeeded attempt and one
 per call lost in flight; resume latency runs from a kill to the run's `run.resumed` event.
 
@@ -407,12 +413,15 @@ per call lost in flight; resume latency runs from a kill to the run's `run.resum
 |---|---|
 {rows}
 
-Where resume time goes. After a pool process is killed, its worker waits
-`CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue, which
-takes the next free run slot ahead of the backlog. After a whole worker is killed nobody is left to
-send it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sends it once
-its heartbeat is older than `CONDUCTOR_HEARTBEAT_S + CONDUCTOR_WORKER_LOST_WAIT_S + 1` s (5 s), and it
-too waits for a free slot, which is why those resumes are the slower ones.""",
+Where resume time goes. After a pool process is killed, its worker waits at most
+`CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue and records
+the send (so the sweep does not send it too). After a whole worker is killed nobody is left to send
+it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sends it once its
+heartbeat is older than `CONDUCTOR_HEARTBEAT_S + CONDUCTOR_WORKER_LOST_WAIT_S + 1` s (5 s), which is
+why those resumes are the slower ones. Either way the run takes the next free slot: workers take their
+queues in the order they name them (`queue_order_strategy: priority`, resume first). Under kombu's
+default, round robin, a queue just taken from went to the back, and a resumed run often waited behind
+the backlog for another run to end.""",
     )
 
 

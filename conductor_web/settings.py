@@ -202,7 +202,13 @@ CONDUCTOR_SEND_GRACE_S = env_int("CONDUCTOR_SEND_GRACE_S", 10, minimum=1)
 RUN_TIME_LIMIT_S = env_int("CONDUCTOR_RUN_TIME_LIMIT_S", 3600, minimum=10)
 # kombu names Unix-socket Redis "redis+socket://"; redis-py and channels-redis say "unix://".
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL") or REDIS_URL.replace("unix://", "redis+socket://", 1)
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": RUN_TIME_LIMIT_S * 2}
+# "priority": a worker takes its queues in the order it names them (resume, maintenance, runs), so a
+# run sent again takes the next free slot; kombu's default, round robin, moves a queue it just took
+# from to the back, and a resumed run then waited behind the backlog.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": RUN_TIME_LIMIT_S * 2,
+    "queue_order_strategy": "priority",
+}
 # A worker or beat refuses a Redis broker that keeps its queues in memory only (runs queued at its
 # restart would wait for the visibility timeout); set this to start anyway.
 CONDUCTOR_ALLOW_VOLATILE_BROKER = env_bool("CONDUCTOR_ALLOW_VOLATILE_BROKER", False)

@@ -55,6 +55,12 @@ class RunTask(Task):
     def signature_from_request(self, request=None, args=None, kwargs=None, queue=None, **options):
         return super().signature_from_request(request, args, kwargs, queue=queue or resume_queue(), **options)
 
+    def on_retry(self, exc, task_id, args, kwargs, einfo) -> None:
+        """A message was sent again (a lost pool process, a database failure): recorded as run_send
+        records its sends, so the sweep does not send the run a second time while it waits for a slot."""
+        if args:
+            Run.objects.filter(pk=args[0]).update(enqueued_at=timezone.now())
+
 
 @shared_task(
     bind=True,

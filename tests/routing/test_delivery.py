@@ -426,6 +426,7 @@ def test_a_run_whose_worker_process_was_killed_resumes_ahead_of_the_backlog(live
     first = submit("First")
     backlog = [submit(f"Waiting {i}") for i in range(3)]
     wait_for(lambda: server.requests_for("alpha"), timeout=30, what="the first run's call")
+    sent_at = Run.objects.get(pk=first.pk).enqueued_at
     (child,) = pool_children(worker.proc.pid)
     os.kill(child, signal.SIGKILL)
 
@@ -434,6 +435,9 @@ def test_a_run_whose_worker_process_was_killed_resumes_ahead_of_the_backlog(live
         lambda: Run.objects.filter(pk=first.pk, status=RunStatus.SUCCEEDED).first(), timeout=60, what="first"
     )
     assert first.deliveries == 2
+    # That send is recorded as the sweep's own are, so the sweep never sends the run a second time
+    # while the worker's message waits for a slot.
+    assert first.enqueued_at > sent_at
     # It took the next free slot: no run of the backlog went before it (Celery's own requeue would have
     # put it back at the far end of the queue, behind all three).
     assert not Run.objects.filter(pk__in=[r.pk for r in backlog], started_at__lt=first.finished_at).exists()
