@@ -416,9 +416,10 @@ per call lost in flight; resume latency runs from a kill to the run's `run.resum
 Where resume time goes. After a pool process is killed, its worker waits at most
 `CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue and records
 the send (so the sweep does not send it too). After a whole worker is killed nobody is left to send
-it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sends it once its
-heartbeat is older than `CONDUCTOR_HEARTBEAT_S + CONDUCTOR_WORKER_LOST_WAIT_S + 1` s (5 s), which is
-why those resumes are the slower ones. Either way the run takes the next free slot: workers take their
+it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sees the worker's
+presence lock gone with its main process and sends the run once its heartbeat is
+`CONDUCTOR_HEARTBEAT_S` (2 s) old; it then waits for a worker to take it (here, the one the harness
+starts in place of the killed one), which is why those resumes are the slower ones. Either way the run takes the next free slot: workers take their
 queues in the order they name them (`queue_order_strategy: priority`, resume first). Under kombu's
 default, round robin, a queue just taken from went to the back, and a resumed run often waited behind
 the backlog for another run to end.""",

@@ -88,6 +88,15 @@ def broker_persistence_problem(url: str) -> str | None:
     )
 
 
+@signals.worker_ready.connect
+def _announce_presence(**_kwargs) -> None:
+    """The worker's main process holds its presence lock while it lives: a run whose pool process
+    died is sent again by this process; one whose whole worker died, by the sweep at once."""
+    from routing import presence
+
+    presence.announce()
+
+
 @signals.task_prerun.connect
 @signals.task_postrun.connect
 def _connections_kept_as_django_keeps_them(task: Any = None, **_kwargs: Any) -> None:

@@ -262,6 +262,9 @@ class Run(models.Model):
     )
     worker_host = models.CharField(max_length=200, blank=True)
     worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    # The pid of the worker process that owns worker_pid (a Celery worker's main process): while it
+    # lives it holds its presence lock (routing.presence), and it sends the run again itself.
+    worker_ppid = models.PositiveIntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     claim_epoch = models.PositiveBigIntegerField(
         default=0,

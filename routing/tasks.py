@@ -7,8 +7,9 @@ waiting behind the backlog:
 - its pool process died (killed, out of memory): the worker that ran it sends it again as soon as it
   calls the process lost (CELERY_WORKER_LOST_WAIT), and acknowledges the original;
 - the database failed under it: the task retries itself with backoff;
-- the whole worker died (a host, a container): nobody is left to send it, so the sweep does, once the
-  run's heartbeat is older than a surviving worker would have needed to send it itself;
+- the whole worker died (a host, a container): nobody is left to send it, so the sweep does, as soon as
+  the worker's presence lock is gone with its main process (routing.presence) and the run's own lock
+  with its pool process, once its heartbeat is older than CONDUCTOR_HEARTBEAT_S;
 - a run whose message a worker took and died with, before it claimed the run (a retry waiting for its
   countdown, a message just taken): the Redis transport keeps such a message unacknowledged until the
   visibility timeout (hours). The sweep reads kombu's index of unacknowledged messages and sends
@@ -35,7 +36,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
-from . import engine
+from . import engine, presence
 from .models import Run, RunStatus
 from .retention import retention_purge as purge
 
@@ -179,11 +180,27 @@ def requeue_stalled_runs() -> list[int]:
     )
     locked = runs_locked()
     sent = []
+    # A run whose whole worker died (its main process's presence lock is gone with it): nobody is left
+    # to send it again, so it goes now, without the orphan grace below (which leaves a run whose pool
+    # process died to its living worker). A heartbeat this fresh means its process may still be writing.
+    alive = presence.present()
+    abandoned = Run.objects.filter(
+        status=RunStatus.RUNNING,
+        worker_ppid__isnull=False,
+        heartbeat_at__lt=now - timedelta(seconds=settings.CONDUCTOR_HEARTBEAT_S),
+    ).filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=F("heartbeat_at")))
+    for run_id, previous, host, ppid in abandoned.values_list(
+        "pk", "enqueued_at", "worker_host", "worker_ppid"
+    )[:500]:
+        if run_id in locked or presence.presence_key(host, ppid) in alive:
+            continue
+        if run_send(run_id, previous=previous, queue=resume_queue()):
+            sent.append(run_id)
     fields = ("pk", "enqueued_at", "status")
     for run_id, previous, status in list(
         orphans.values_list(*fields).union(waiting.values_list(*fields))[:500]
     ):
-        if run_id in locked:
+        if run_id in locked or run_id in sent:
             continue
         queue = resume_queue() if status == RunStatus.RUNNING else None
         if run_send(run_id, previous=previous, queue=queue):

@@ -424,6 +424,7 @@ CLAIMED_FIELDS = (
     "claim_epoch",
     "worker_host",
     "worker_pid",
+    "worker_ppid",
     "heartbeat_at",
     "started_at",
 )
@@ -437,6 +438,7 @@ def _claimed(run: Run, now: Any) -> None:
     run.claim_epoch += 1  # fences off whatever process held the run before
     run.worker_host = socket.gethostname()
     run.worker_pid = os.getpid()
+    run.worker_ppid = os.getppid()
     run.heartbeat_at = now
     run.started_at = run.started_at or now
 

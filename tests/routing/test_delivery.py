@@ -34,7 +34,15 @@ from routing.engine.planning import ensure_plan
 from routing.engine.record import record_event
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
-from routing.tasks import held_grace, requeue_stalled_runs, resume_queue, run_workflow, runs_held, runs_locked
+from routing.tasks import (
+    held_grace,
+    orphan_grace,
+    requeue_stalled_runs,
+    resume_queue,
+    run_workflow,
+    runs_held,
+    runs_locked,
+)
 from tests.conftest import clear_queues, database_url, queued_run_ids, wait_for
 from tests.openai_server import Reply, plan_json
 
@@ -508,3 +516,36 @@ def test_a_worker_refuses_a_broker_that_would_lose_its_queues_at_a_restart(tmp_p
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_run_whose_whole_worker_died_is_sent_at_once_and_one_whose_process_died_is_left_to_its_worker(
+    live_pool, celery_workers
+):
+    """The sweep tells the two apart by the worker's presence lock: gone with a whole worker (nobody is
+    left to send the run: the sweep sends it as soon as the heartbeat is older than one beat), held by a
+    worker that lost only a pool process (it sends the run itself; the sweep leaves it)."""
+    from routing import presence
+
+    server = live_pool["server"]
+    three_steps(server, delay_s=2.0)
+    worker = celery_workers("w1")
+    run = submit("Abandoned")
+    wait_for(lambda: server.requests_for("alpha"), timeout=30, what="the run's first call")
+    claimed = Run.objects.get(pk=run.pk)
+    assert claimed.worker_ppid == worker.proc.pid
+    assert presence.presence_key(claimed.worker_host, claimed.worker_ppid) in presence.present()
+    assert run.pk not in requeue_stalled_runs()  # held by a living process
+
+    pool = pool_children(worker.proc.pid)
+    killed = time.monotonic()
+    for pid in [worker.proc.pid, *pool]:  # the whole worker: main process and pool
+        os.kill(pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    sent = wait_for(lambda: requeue_stalled_runs() == [run.pk], timeout=30, what="the sweep to send it")
+    elapsed = time.monotonic() - killed
+    # Sent once its heartbeat was a beat old, not after the orphan grace that waits for a living worker.
+    assert sent and elapsed < orphan_grace().total_seconds() - settings.CONDUCTOR_HEARTBEAT_S, elapsed
+    assert presence.presence_key(claimed.worker_host, claimed.worker_ppid) not in presence.present()
+    assert queue_length(resume_queue()) == 1
+    assert requeue_stalled_runs() == []  # sent once: recorded, not sent again
+    clear_queues()
