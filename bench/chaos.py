@@ -185,7 +185,7 @@ def restart_postgres(var_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=1, help="run workers of 2 slots each")
+    parser.add_argument("--workers", type=int, default=2, help="run workers of 2 slots each")
     parser.add_argument("--child-kills", type=int, default=30)
     parser.add_argument("--worker-kills", type=int, default=10)
     parser.add_argument("--redis-restarts", type=int, default=1)
