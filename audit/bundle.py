@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .proof import GENESIS, canonical, content_hash, digest
+from .proof import GENESIS, canonical, content_hash, digest, money
 
 FORMAT = "conductor-web/dossier-bundle/1"
 CONDUCTOR = "conductor"  # a step given back to the conductor: answered without a call of its own
@@ -46,13 +45,6 @@ def load_public_key(pem: bytes) -> Ed25519PublicKey:
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError("not an Ed25519 public key")
     return key
-
-
-def _money(value: Any) -> Decimal | None:
-    try:
-        return Decimal(str(value)) if value is not None else None
-    except InvalidOperation:
-        return None
 
 
 def _signature_holds(body: dict[str, Any], signature: str, key: Ed25519PublicKey) -> bool:
@@ -246,7 +238,7 @@ def value_problems(run: _Run) -> Iterator[str]:
         if attempt is None:
             yield f"{run.chain}: attempt {p['attempt']} of step {content.get('object_id')} is not in the dossier"
             continue
-        if _money(p.get("cost_usd")) != _money(attempt.get("cost_usd")):
+        if money(p.get("cost_usd")) != money(attempt.get("cost_usd")):
             yield _differs(
                 content, f"attempt {attempt.get('id')}'s cost_usd", p.get("cost_usd"), attempt.get("cost_usd")
             )
@@ -275,7 +267,7 @@ def _run_end_problems(run: _Run) -> Iterator[str]:
             p.get("final_answer_sha256"),
             data.get("final_answer"),
         )
-        if "cost_usd" in p and _money(p["cost_usd"]) != _money(data.get("cost_usd")):
+        if "cost_usd" in p and money(p["cost_usd"]) != money(data.get("cost_usd")):
             yield _differs(ended, f"run {data.get('id')}'s cost_usd", p["cost_usd"], data.get("cost_usd"))
     elif p.get("stop_reason") != data.get("stop_reason"):
         yield _differs(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 GENESIS = "0" * 64
@@ -70,3 +71,11 @@ def digest_canonical(prev_hash: str, body: bytes) -> str:
 def body_digest(body: dict[str, Any]) -> str:
     """A checkpoint body's digest (the next checkpoint links to it)."""
     return hashlib.sha256(canonical(body)).hexdigest()
+
+
+def money(value: Any) -> Decimal | None:
+    """A USD amount an event recorded (a string or a number), or None when there is none or it is not one."""
+    try:
+        return Decimal(str(value)) if value is not None else None
+    except InvalidOperation:
+        return None

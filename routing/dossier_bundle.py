@@ -23,10 +23,6 @@ def _event(event: AuditEvent) -> dict[str, Any]:
     return {"id": event.pk, "hash": event.hash, "prev_hash": event.prev_hash, "content": event_content(event)}
 
 
-def _money(value: Any) -> str:
-    return str(value)
-
-
 def _run(run: Run) -> dict[str, Any]:
     name = run_chain(run.correlation_id)
     seal = (
@@ -46,7 +42,7 @@ def _run(run: Run) -> dict[str, Any]:
         "final_answer": run.final_answer,
         "score": run.score,
         "stop_reason": run.stop_reason,
-        "cost_usd": _money(run.cost_usd),
+        "cost_usd": str(run.cost_usd),
         "decisions": [
             {"id": d.pk, "raw_output": d.raw_output, "plan": d.plan, "alternatives": d.alternatives}
             for d in run.decisions.order_by("pk")
@@ -73,7 +69,7 @@ def _run(run: Run) -> dict[str, Any]:
                 "number": a.number,
                 "status": a.status,
                 "http_status": a.http_status,
-                "cost_usd": _money(a.cost_usd),
+                "cost_usd": str(a.cost_usd),
                 "input_tokens": a.input_tokens,
                 "output_tokens": a.output_tokens,
             }
@@ -116,7 +112,7 @@ def dossier_bundle(task: Task, *, exported_by: str) -> dict[str, Any]:
             "status": task.status,
             "final_answer": task.final_answer,
             "score": task.score,
-            "cost_usd": _money(task.cost_usd),
+            "cost_usd": str(task.cost_usd),
             "purged_at": task.purged_at.isoformat() if task.purged_at else None,
         },
         "runs": [_run(run) for run in task.runs.select_related("conductor_version").order_by("pk")],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from django.db import connection
@@ -20,6 +20,7 @@ from django.db.models.fields.json import KT
 from audit.actions import Action
 from audit.chain import run_chain
 from audit.models import GLOBAL_CHAIN, AuditEvent
+from audit.proof import money
 from audit.verify import Problem
 
 from .hashing import content_hash
@@ -27,13 +28,6 @@ from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, RunStatus, Step
 
 BATCH = 200  # runs per round trip in a full verification
 FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED)
-
-
-def _money(value: Any) -> Decimal | None:
-    try:
-        return Decimal(str(value)) if value is not None else None
-    except InvalidOperation:
-        return None
 
 
 class _Events:
@@ -178,7 +172,7 @@ def _run_problems(
             continue
         if attempt.status != Attempt.Status.SUCCEEDED:
             yield differs(event, f"attempt {attempt.pk}'s status", "succeeded", attempt.status)
-        if _money(p.get("cost_usd")) != attempt.cost_usd:
+        if money(p.get("cost_usd")) != attempt.cost_usd:
             yield differs(event, f"attempt {attempt.pk}'s cost_usd", p.get("cost_usd"), str(attempt.cost_usd))
         for tokens in ("input_tokens", "output_tokens"):
             if p.get(tokens) != getattr(attempt, tokens):
@@ -201,7 +195,7 @@ def _run_problems(
             attempt = by_key.get((lost.get("step_id"), lost.get("attempt")))
             if attempt is None or "cost_usd" not in lost:
                 continue
-            if _money(lost["cost_usd"]) != attempt.cost_usd:
+            if money(lost["cost_usd"]) != attempt.cost_usd:
                 yield differs(
                     event,
                     f"lost attempt {attempt.pk}'s estimated cost_usd",
@@ -236,7 +230,7 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
                 p.get("final_answer_sha256"),
                 content_hash(run.final_answer),
             )
-        if "cost_usd" in p and _money(p["cost_usd"]) != run.cost_usd:
+        if "cost_usd" in p and money(p["cost_usd"]) != run.cost_usd:
             yield differs(ended, f"run {run.pk}'s cost_usd", p["cost_usd"], str(run.cost_usd))
         for tokens in ("input_tokens", "output_tokens"):
             if tokens in p and p[tokens] != getattr(run, tokens):
@@ -251,7 +245,7 @@ def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterat
         yield differs(ended, f"run {run.pk}'s stop_reason", ended.payload.get("stop_reason"), run.stop_reason)
     # The total is the sum of its parts: decisions, attempts (estimates of lost calls included), judging.
     judged = sum(
-        (_money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action[Action.SCORE_JUDGED]),
+        (money(e.payload.get("cost_usd")) or Decimal(0) for e in events.by_action[Action.SCORE_JUDGED]),
         Decimal(0),
     )
     parts = called + judged
