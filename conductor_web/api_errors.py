@@ -118,6 +118,7 @@ DESCRIPTIONS = {
     405: "This method is not allowed here; the Allow header lists those that are",
     406: "None of the media types the Accept header asks for can be produced",
     409: "Conflicts with an earlier request",
+    413: "The body is over the size limit (DATA_UPLOAD_MAX_MEMORY_SIZE)",
     415: "The body's media type is not one this operation reads",
     429: "Too many requests; the Retry-After header says when to try again",
 }
@@ -132,7 +133,7 @@ def _statuses(path: str, operation: dict[str, Any], throttled: bool, methods: se
     if has_body or query:
         statuses.add(400)
     if has_body:
-        statuses.add(415)
+        statuses |= {413, 415}
     security = operation.get("security")
     if security and {} not in security:
         statuses |= {401, 403}
@@ -162,7 +163,7 @@ def error_responses_postprocess(result: dict[str, Any], generator: Any, **kwargs
 
     400 where there is a body or query parameters, 401/403 where authentication is required, 404 on
     detail routes (and a list's invalid cursor), 405 on paths that do not take every method, 406
-    everywhere, 415 where there is a body, 429 where the view is throttled. Errors a view declared
+    everywhere, 413 and 415 where there is a body, 429 where the view is throttled. Errors a view declared
     itself (409 for a conflict, say) keep their description and get the Error schema too.
     """
     components = result.setdefault("components", {}).setdefault("schemas", {})

@@ -113,11 +113,19 @@ def body_problem(request: HttpRequest) -> str | None:
     return None
 
 
-def bad_request(request: HttpRequest, message: str) -> HttpResponse:
-    wants_json = request.path.endswith(".json") or "application/json" in request.headers.get("Accept", "")
-    if request.path.startswith("/api/") or wants_json:
-        return JsonResponse({"detail": message}, status=400)
-    response = TemplateResponse(request, "400.html", {"message": message}, status=400)
+def wants_json(request: HttpRequest) -> bool:
+    """The API, a .json path, or a client that asks for JSON: answered in JSON, errors included."""
+    return (
+        request.path.startswith("/api/")
+        or request.path.endswith(".json")
+        or "application/json" in request.headers.get("Accept", "")
+    )
+
+
+def bad_request(request: HttpRequest, message: str, status: int = 400) -> HttpResponse:
+    if wants_json(request):
+        return JsonResponse({"detail": message}, status=status)
+    response = TemplateResponse(request, "400.html", {"message": message}, status=status)
     return response.render()
 
 

@@ -5,10 +5,11 @@ from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from audit.admin import site as admin_site  # the admin site by role (not Django's staff flag)
 
+from .api_docs import RedocView, redoc_bundle
 from .metrics import metrics
 
 
@@ -20,6 +21,10 @@ class FaviconView(RedirectView):
     def get_redirect_url(self, *args, **kwargs) -> str:
         return static("favicon.svg")
 
+
+handler400 = "conductor_web.error_views.bad_request"
+handler404 = "conductor_web.error_views.page_not_found"
+handler500 = "conductor_web.error_views.server_error"
 
 urlpatterns = [
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
@@ -36,9 +41,10 @@ urlpatterns = [
     # Redoc runs its search in a worker it makes from a blob: allowed on this page only.
     path(
         "api/redoc/",
-        csp_update({"worker-src": ["'self'", "blob:"]})(SpectacularRedocView.as_view(url_name="schema")),
+        csp_update({"worker-src": ["'self'", "blob:"]})(RedocView.as_view(url_name="schema")),
         name="api-redoc",
     ),
+    path("api/redoc/redoc.standalone.js", redoc_bundle, name="api-redoc-bundle"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin_site.urls),

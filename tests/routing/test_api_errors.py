@@ -8,6 +8,7 @@ with a body of the one Error component: {"detail": "<sentence>", "errors": {fiel
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from io import StringIO
@@ -130,6 +131,7 @@ def test_error_answers_are_declared_by_their_operation_and_have_the_error_shape(
         ("forbidden role", auditor, "post", "/api/tasks/", {"data": {"text": "What is 3 + 3?"}}, 403),
         ("forbidden training role", operator, "get", "/api/training/jobs/", {}, 403),
         ("unknown task", auditor, "get", f"/api/tasks/{uuid.uuid4()}/", {}, 404),
+        ("not an id", auditor, "get", "/api/tasks/not-a-uuid/", {}, 404),
         ("unknown worker", auditor, "get", "/api/workers/no-such-worker/", {}, 404),
         ("unknown job", ml, "get", "/api/training/jobs/999999/", {}, 404),
         ("unknown conductor", ml, "post", "/api/training/conductors/no-such/promote/", {}, 404),
@@ -151,6 +153,14 @@ def test_error_answers_are_declared_by_their_operation_and_have_the_error_shape(
             "/api/tasks/",
             {"data": "text=hello", "content_type": "text/plain"},
             415,
+        ),
+        (
+            "body over the limit",
+            operator,
+            "post",
+            "/api/tasks/",
+            {"data": json.dumps({"text": "x" * 3_000_000}), "content_type": "application/json"},
+            413,
         ),
         ("accept", auditor, "get", "/api/tasks/", {"HTTP_ACCEPT": "application/xml"}, 406),
     ]
