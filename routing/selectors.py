@@ -8,7 +8,7 @@ from typing import Any
 
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.contrib.postgres.search import SearchQuery
-from django.db.models import OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import DurationField, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, Step, StepStatus, Task, Worker
 
@@ -29,8 +29,9 @@ def task_list() -> QuerySet[Task]:
 
 
 def with_answerers(tasks: QuerySet[Task]) -> QuerySet[Task]:
-    """`tasks` with the columns of the task list's page: the final worker, and the vendors that
-    received their live runs' steps (subqueries, run for the rows of one page only)."""
+    """`tasks` with the columns of the task list's page: the final worker, the vendors that received
+    their live runs' steps, and how long the last answering run ran, from its start to its end (the
+    task's latency_s also counts the time queued). Subqueries, run for the rows of one page only."""
     vendors = (
         Step.objects.filter(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS)
         .exclude(vendor="")
@@ -42,6 +43,13 @@ def with_answerers(tasks: QuerySet[Task]) -> QuerySet[Task]:
     return tasks.annotate(
         final_worker=final_worker(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS),
         vendors=Subquery(vendors),
+        ran=Subquery(
+            Run.objects.filter(task=OuterRef("pk"), kind__in=ANSWERING_KINDS, finished_at__isnull=False)
+            .order_by("-finished_at")
+            .annotate(ran=F("finished_at") - F("started_at"))
+            .values("ran")[:1],
+            output_field=DurationField(),
+        ),
     )
 
 
@@ -61,9 +69,19 @@ def task_search(qs: QuerySet[Task], search: str) -> QuerySet[Task]:
     words = Q(search_vector=SearchQuery(search, config="english", search_type="websearch"))
     prefix = text.lower().replace("-", "")
     if SHORT_ID.fullmatch(prefix):
-        low, high = uuid.UUID(prefix.ljust(32, "0")), uuid.UUID(prefix.ljust(32, "f"))
-        return qs.filter(Q(pk__gte=low, pk__lte=high) | words)
+        return qs.filter(id_prefix(prefix) | words)
     return qs.filter(words)
+
+
+def id_prefix(prefix: str) -> Q:
+    """The ids that start with `prefix` (hex digits, as SHORT_ID matches): a range of the primary key,
+    served by its btree index."""
+    return Q(pk__gte=uuid.UUID(prefix.ljust(32, "0")), pk__lte=uuid.UUID(prefix.ljust(32, "f")))
+
+
+def tasks_by_short_id(prefix: str, limit: int = 2) -> list[uuid.UUID]:
+    """The ids of tasks whose id starts with `prefix` (the pages' 8-character ids), at most `limit`."""
+    return list(Task.objects.filter(id_prefix(prefix)).order_by("pk").values_list("pk", flat=True)[:limit])
 
 
 def run_detail_queryset() -> QuerySet[Run]:

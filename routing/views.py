@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from audit import params
@@ -145,6 +148,18 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
     return render(
         request, "routing/task_detail.html", {"task": task, "runs": runs, "scored": scored_as(task, runs)}
     )
+
+
+@role_required(*EVERYONE)
+def task_by_short_id(request: HttpRequest, short_id: str) -> HttpResponse:
+    """/tasks/<the 8 characters the pages show>/: that task's page; where several tasks start with them,
+    the task list searched for them."""
+    found = selectors.tasks_by_short_id(short_id)
+    if not found:
+        raise Http404("No such task")
+    if len(found) == 1:
+        return redirect("routing:task-detail", task_id=found[0])
+    return redirect(f"{reverse('routing:task-list')}?{urlencode({'q': short_id})}")
 
 
 @require_POST

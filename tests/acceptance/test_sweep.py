@@ -43,6 +43,7 @@ EVERYONE_ACTION_API = _row(403, 403, 405, 405, 405, 405)  # a POST action any ro
 POST_ONLY = _row(405, 405, 405, 405, 405, 405)
 OPEN = _row(200, 200, 200, 200, 200, 200)
 TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
+EVERYONE_TO_PAGE = _row("login", 403, 302, 302, 302, 302)  # a short address of a page any role reads
 
 # The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
 # (`/api/tasks.json`) answer as their route does.
@@ -50,6 +51,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:task-list": EVERYONE,
     "routing:task-submit": OPERATORS,
     "routing:task-detail": EVERYONE,
+    "routing:task-short": EVERYONE_TO_PAGE,
     "routing:task-graph": EVERYONE,
     "routing:task-retry": POST_ONLY,
     "routing:worker-list": EVERYONE,
@@ -105,6 +107,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "schema": EVERYONE_API,
     "api-docs": EVERYONE_API,
     "api-redoc": EVERYONE_API,
+    "api-redoc-bundle": OPEN,  # a static file, served with one foreign address taken out
     "login": OPEN,
     "favicon": TO_STATIC,
     "metrics": OPEN,  # from loopback, as the test client asks; a token or loopback otherwise
@@ -189,6 +192,7 @@ def path_values(route: Route, record) -> dict[str, str]:
     version_names = _version_names(record)
     values = {
         "task_id": str(record.tasks["static"]),
+        "short_id": str(record.tasks["static"])[:8],
         "pk": str(record.tasks["static"]),
         "job_id": str(record.jobs["finished"]),
         "dataset_id": str(record.dataset_id),

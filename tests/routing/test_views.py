@@ -503,3 +503,52 @@ def test_submit_task_refuses_a_reused_key_with_a_different_text():
     with pytest.raises(CommandError, match="already used for a different task"):
         run_command("Two", "--idempotency-key", "cli-2")
     assert list(Task.objects.values_list("text", flat=True)) == ["One"]
+
+
+def test_the_eight_character_id_the_pages_show_opens_the_task(client):
+    task = submit("What is 6 * 7?")
+    short = str(task.pk)[:8]
+
+    response = client.get(f"/tasks/{short}/")
+
+    assert response.status_code == 302
+    assert response["Location"] == f"/tasks/{task.pk}/"
+    assert short in page(client, "/")  # the id as the list shows it
+
+
+def test_an_eight_character_id_that_names_several_tasks_lists_them_and_one_that_names_none_is_a_404(client):
+    first = submit("What is 6 * 7?")
+    short = str(first.pk)[:8]
+    # A second id with the same first 8 characters (one in 4 billion by chance): made as a row.
+    Task.objects.create(
+        id=uuid.UUID(short + "0" * 24),
+        text="What is 7 * 8?",
+        max_steps=4,
+        max_depth=1,
+        max_usd=1,
+        source="api",
+    )
+
+    several = client.get(f"/tasks/{short}/")
+    unknown = "0" * 8 if not str(first.pk).startswith("0" * 8) else "f" * 8
+
+    assert several.status_code == 302 and several["Location"] == f"/?q={short}"
+    assert short in page(client, several["Location"])
+    assert client.get(f"/tasks/{unknown}/").status_code == 404
+
+
+def test_the_task_list_shows_the_time_queued_apart_from_the_run(client):
+    task = submit("What is 6 * 7?")
+    run = task.runs.get()
+    submitted = task.created_at
+    # Queued for 16.17 s, then ran for 0.03 s.
+    Run.objects.filter(pk=run.pk).update(
+        started_at=submitted + timedelta(seconds=16.17), finished_at=submitted + timedelta(seconds=16.2)
+    )
+    Task.objects.filter(pk=task.pk).update(finished_at=submitted + timedelta(seconds=16.2))
+
+    html = page(client, "/")
+    row = html[html.index(str(task.pk)[:8]) :]
+
+    assert "From submission to the answer: time queued included" in html
+    assert re.search(r">16\.2 s</td>\s*<td[^>]*>0\.03 s</td>", row)
