@@ -200,6 +200,17 @@ def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
     return stopped
 
 
+def still_running(var_dir: Path) -> list[str]:
+    """What under var_dir outlives the processes a demo stops: the embedded Redis and PostgreSQL, and
+    the processes recorded there (the local model's server)."""
+    running = [r["name"] for r in _process_records(var_dir) if _process_members(r)]
+    if _redis_answers(var_dir / "redis" / "redis.sock"):
+        running.append("redis")
+    if (var_dir / "postgres" / "postmaster.pid").exists():
+        running.append("postgres")
+    return running
+
+
 # Processes started for var_dir (by `manage.py demo`) are recorded in var_dir/run/<name>.json, so that
 # `manage.py services stop` can stop them when whoever started them could not (killed, or a crash).
 # A record names the process, its process group when it leads one of its own (then the whole group is

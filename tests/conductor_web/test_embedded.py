@@ -104,8 +104,10 @@ def test_embedded_postgres_and_redis_start_serve_are_reused_and_stop(var_dir):
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT v FROM kept").fetchone() == (7,)
 
-    # Stop both.
+    # A stopped demo names them as still running (they outlive it), then they are stopped.
+    assert sorted(embedded.still_running(var_dir)) == ["postgres", "redis"]
     assert sorted(embedded.stop(var_dir)) == ["postgres", "redis"]
+    assert embedded.still_running(var_dir) == []
     assert not (var_dir / "postgres" / "postmaster.pid").exists()
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(redis_url, socket_timeout=1).ping()

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conductor_web import embedded
 from tests.conftest import ROOT, database_url, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -143,12 +144,23 @@ def _assert_all_stopped(demo: Demo) -> None:
 def test_ctrl_c_stops_web_workers_and_beat_even_with_a_run_in_flight(start_demo):
     demo = start_demo(count=1, busy=True)  # Ctrl-C while the batch runs: a worker will not finish soon
 
+    # A server recorded under var/ that outlives a demo, as the local model's does.
+    server = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    embedded.process_record(demo.var_dir, "local-model-server", server.pid, group=True)
+
     os.killpg(demo.proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: its foreground group
 
     # The busy worker's warm shutdown would wait for the run: it is killed once the grace period is over.
-    demo.proc.wait(GRACE_S + 12)
+    try:
+        demo.proc.wait(GRACE_S + 12)
+        assert "Stopping" in demo.log()
+        # What it leaves running is said, with the way to stop it.
+        assert f"Still running under {demo.var_dir}: local-model-server" in demo.log()
+        assert "`make stop` stops them" in demo.log()
+        assert server.poll() is None
+    finally:
+        embedded.processes_stop(demo.var_dir, ["local-model-server"], grace=1)
     _assert_all_stopped(demo)
-    assert "Stopping" in demo.log()
 
 
 def test_sigterm_stops_web_workers_and_beat(start_demo):

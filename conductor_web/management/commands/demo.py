@@ -82,6 +82,17 @@ class Command(BaseCommand):
             embedded.process_forget(var_dir, "demo")
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+        self._say_what_keeps_running(var_dir)
+
+    def _say_what_keeps_running(self, var_dir) -> None:
+        """The servers under var/ outlive the demo (the CLI and the next demo use them): say which, and how
+        to stop them."""
+        left = embedded.still_running(var_dir)
+        if left:
+            self.stdout.write(
+                f"Stopped the web server, workers and beat. Still running under {var_dir}: {', '.join(left)} "
+                "(manage.py commands and the next demo use them); `make stop` stops them."
+            )
 
     def _on_signal(self, signum, frame) -> None:
         if self.stopping:
