@@ -2,7 +2,9 @@
 
 `controls_visible` shows the characters that change how text reads without being seen: the bidi
 controls (a right-to-left override makes `exe.txt` of `txt.exe`) and the zero-width ones. The text is
-escaped first; each such character is then replaced by a visible marker naming it.
+escaped first; each such character is then replaced by a visible marker naming it. A zero-width joiner
+that joins two emoji (👩🏽‍💻: woman, skin tone, ZWJ, laptop) is how that emoji is written and is left to
+join them (static/js/live.js applies the same rule to live updates).
 """
 
 from __future__ import annotations
@@ -20,10 +22,33 @@ register = template.Library()
 
 # Bidi embeddings and overrides, isolates, marks; zero-width spaces and joiners, word joiner, BOM.
 CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]")
+ZWJ = "\u200d"
+# Pictographic characters, as Unicode's Extended_Pictographic property has them (its blocks, whole), and
+# what may follow one inside an emoji before a joiner: a skin tone or the emoji presentation selector.
+EMOJI = re.compile(
+    "[\u00a9\u00ae\u203c\u2049\u2122\u2139\u2194-\u21ff\u231a-\u23ff\u24c2\u25aa-\u27bf\u2934\u2935"
+    "\u2b05-\u2b55\u3030\u303d\u3297\u3299\U0001f000-\U0001faff]"
+)
+EMOJI_TAIL = re.compile("[\ufe0f\U0001f3fb-\U0001f3ff]")
+
+
+def joins_emoji(text: str, at: int) -> bool:
+    """Whether the zero-width joiner at text[at] joins two emoji (an emoji ZWJ sequence)."""
+    before = at - 1
+    if before >= 0 and EMOJI_TAIL.fullmatch(text[before]):
+        before -= 1
+    return (
+        before >= 0
+        and at + 1 < len(text)
+        and bool(EMOJI.fullmatch(text[before]))
+        and bool(EMOJI.fullmatch(text[at + 1]))
+    )
 
 
 def _marker(match: re.Match[str]) -> str:
     char = match.group()
+    if char == ZWJ and joins_emoji(match.string, match.start()):
+        return char
     code = f"U+{ord(char):04X}"
     name = unicodedata.name(char, "")
     # The code and the name are ours (ASCII), never the text's: nothing here needs escaping.

@@ -23,10 +23,15 @@ window.Live = (function () {
   const BACKOFF_MS = [1000, 2000, 4000, 8000, 15000, 30000];
   const LABELS = { connecting: "connecting…", live: "live", reconnecting: "reconnecting…", error: "update failed", offline: "not live", finished: "finished" };
 
-  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them.
-  const CONTROLS = /[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\u200b-\u200d\u2060\ufeff]/g;
+  // Bidi and zero-width characters shown as ⟨U+XXXX⟩, as the server-rendered pages show them (the
+  // display template filters); a zero-width joiner between two emoji is how that emoji is written, kept.
+  const EMOJI = "[\\u00a9\\u00ae\\u203c\\u2049\\u2122\\u2139\\u2194-\\u21ff\\u231a-\\u23ff\\u24c2\\u25aa-\\u27bf\\u2934\\u2935\\u2b05-\\u2b55\\u3030\\u303d\\u3297\\u3299\\u{1f000}-\\u{1faff}]";
+  const CONTROLS = new RegExp(
+    "(?<=" + EMOJI + "[\\ufe0f\\u{1f3fb}-\\u{1f3ff}]?)(\\u200d)(?=" + EMOJI + ")" + // a joiner of two emoji
+    "|[\\u202a-\\u202e\\u2066-\\u2069\\u200e\\u200f\\u061c\\u200b-\\u200d\\u2060\\ufeff]", "gu");
   function visible(text) {
-    return String(text).replace(CONTROLS, (c) => "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
+    return String(text).replace(CONTROLS, (c, joiner) =>
+      joiner ? c : "\u27e8U+" + c.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "\u27e9");
   }
 
   const followed = []; // every follow of this page: [options, state]

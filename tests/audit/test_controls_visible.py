@@ -85,3 +85,19 @@ def test_task_pages_and_the_dossier_show_controls_visibly_and_keep_markup_escape
         assert "&lt;i&gt;ok&lt;/i&gt;" in html, name
     assert f"admin{rlo_marker}" in pages["event log"].content.decode()
     assert ".ctl {" in pages["dossier file"].content.decode()  # the marker's style goes with the file
+
+
+def test_a_joiner_between_two_emoji_joins_them_and_any_other_joiner_is_shown():
+    technologist = "\U0001f469\U0001f3fd\u200d\U0001f4bb"  # woman, medium skin tone, ZWJ, laptop
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    rainbow_flag = "\U0001f3f3\ufe0f\u200d\U0001f308"
+
+    for emoji in (technologist, family, rainbow_flag):
+        assert render(f"coder {emoji}!") == f"coder {emoji}!", emoji
+    marker = '<span class="ctl" title="U+200D ZERO WIDTH JOINER">\u27e8U+200D\u27e9</span>'
+    assert render("pay\u200dpal") == f"pay{marker}pal"
+    assert render("\U0001f469\u200d") == f"\U0001f469{marker}"  # joins nothing
+    assert render(f"\u200d{technologist}") == f"{marker}{technologist}"
+    assert render(f"{technologist}{RLO}") == (
+        f'{technologist}<span class="ctl" title="U+202E RIGHT-TO-LEFT OVERRIDE">\u27e8U+202E\u27e9</span>'
+    )
