@@ -160,9 +160,16 @@ class PolicyRuleForm(forms.ModelForm):
         for field in self.LISTS:
             if field not in self.fields:
                 continue  # read-only (a role that may only view)
-            listed = ", ".join(known[field]) or "none yet (no worker is registered)"
             base = self.fields[field].help_text
-            self.fields[field].help_text = f"{base + '. ' if base else ''}Comma-separated; known: {listed}"
+            self.fields[
+                field
+            ].help_text = (
+                f"{base + '. ' if base else ''}Comma-separated; known: {policies.listed(field, known)}"
+            )
+        if "name" in self.fields:
+            self.fields[
+                "name"
+            ].help_text = "A slug: letters, digits, hyphens and underscores, no spaces (e.g. no-openai)"
 
     def clean(self):
         data = super().clean()
@@ -178,6 +185,12 @@ class PolicyRuleAdmin(AuditedAdmin):
     form = PolicyRuleForm
     list_display = ["name", "kind", "data_classes", "vendors", "regions", "enabled"]
     list_filter = ["kind", "enabled"]
+
+    def save_model(self, request, obj, form, change):
+        """Stored with its event by the one service that saves rules (audit.policies.policy_rule_save)."""
+        if change and not form.changed_data:
+            return
+        policies.policy_rule_save(rule=obj, actor=Actor.for_user(request.user), via="admin")
 
 
 @admin.register(LegalHold, site=site)

@@ -82,6 +82,15 @@ def known_values() -> dict[str, list[str]]:
     }
 
 
+def listed(field: str, known: dict[str, list[str]]) -> str:
+    """The known values of a rule's field, as forms and errors list them; where there are none, why."""
+    if known[field]:
+        return ", ".join(known[field])
+    if field == "data_classes" or not _registered().vendors():
+        return "none (no worker is registered yet)"
+    return f"none (no registered worker declares a {FIELD_WORDS[field][0]})"
+
+
 FIELD_WORDS = {
     "vendors": ("vendor", "vendors", "the vendors of the registered workers"),
     "regions": ("region", "regions", "the regions of the registered workers"),
@@ -123,16 +132,16 @@ def rule_values_check(
             continue
         unknown = [v for v in values if v not in known[field]]
         if unknown:
-            listed = ", ".join(known[field]) or "none (no worker is registered yet)"
             errors[field] = [
                 f"unknown {one if len(unknown) == 1 else many}: {', '.join(unknown)}; "
-                f"known ({source}): {listed}"
+                f"known ({source}): {listed(field, known)}"
             ]
     required = REQUIRED.get(kind)
     if required and not given[required] and required not in errors:
         one, many, source = FIELD_WORDS[required]
-        listed = ", ".join(known[required]) or "none (no worker is registered yet)"
-        errors[required] = [f"a {kind} rule needs at least one {one}; known ({source}): {listed}"]
+        errors[required] = [
+            f"a {kind} rule needs at least one {one}; known ({source}): {listed(required, known)}"
+        ]
     if errors:
         raise ValidationError(errors)
     return given
@@ -150,6 +159,7 @@ def policy_rule_save(*, rule: PolicyRule, actor: Any, via: str) -> PolicyRule:
             obj=rule,
             payload={
                 "via": via,
+                "name": rule.name,
                 "kind": rule.kind,
                 "vendors": rule.vendors,
                 "regions": rule.regions,

@@ -87,7 +87,8 @@ def test_a_vendor_typed_in_another_case_is_stored_normalised_and_blocks_that_ven
     assert not verdict.allowed and verdict.rule == "no-google"
     assert policies.judge(pool["mini"], "internal", [rule]).allowed
     event = AuditEvent.objects.get(action="policyrule.registered", object_id=str(rule.pk))
-    assert event.payload["changed"]["vendors"] == "['google']"  # what is stored, not what was typed
+    assert event.payload["vendors"] == ["google"]  # what is stored, not what was typed
+    assert event.payload["name"] == "no-google" and event.payload["via"] == "admin"
 
 
 def test_an_unknown_vendor_is_refused_naming_the_known_ones(admin, pool):
@@ -227,3 +228,28 @@ def test_a_worker_vendor_in_another_case_is_still_blocked(pool):
     )
 
     assert not policies.judge(Worker.objects.get(slug="gemini"), "internal", [rule]).allowed
+
+
+def test_the_rule_form_says_the_name_is_a_slug_and_why_no_region_is_known(admin):
+    worker("replayed", "openai")  # registered workers that declare no region, as the replay pool's
+    worker("other", "google")
+
+    html = admin.get(ADD_URL).content.decode()
+
+    assert "A slug: letters, digits, hyphens and underscores, no spaces" in html
+    assert "known: none (no registered worker declares a region)" in html
+    assert "no worker is registered" not in html
+    assert "known: google, openai" in html
+
+
+def test_the_policy_report_names_the_rule_of_its_own_events_and_lists_its_values(admin, pool):
+    created = admin.post(ADD_URL, rule_form(name="no-openai", vendors="OpenAI"))
+    assert created.status_code == 302, form_errors(created)
+
+    html = admin.get("/audit/policies/").content.decode()
+    row = html[html.index("policyrule.registered") :]
+    row = row[: row.index("</tr>")]
+
+    assert "<td>no-openai</td>" in row
+    assert "vendors \u2192 openai" in row and "kind \u2192 vendor_blocked" in row
+    assert "[&#x27;" not in row and "['" not in row  # lists are not shown as Python writes them
