@@ -180,6 +180,10 @@ def _weighed(alternatives: list[dict[str, Any]], index: int) -> list[dict[str, A
     weighed = []
     for c in (entry or {}).get("candidates") or []:
         label = c.get("workflow") or "/".join(c.get("workers") or []) or c.get("token") or "?"
+        if c.get("fixed"):
+            label += " (the kind's fixed workflow, chosen)"
+        elif c.get("chosen"):
+            label += " (chosen)"
         weighed.append({"label": label, "p": c.get("p") or 0})
     return weighed
 

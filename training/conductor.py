@@ -12,7 +12,7 @@ from routing.conductors import PlanRequest, Proposal, elapsed_ms
 from routing.models import CONDUCTOR_SLUG
 from routing.scoring.scorers import extract_answer
 
-from .policy import Policy, agree, parse_instruction, tie_instruction
+from .policy import Policy, Workflow, agree, parse_instruction, tie_instruction
 
 
 class LearnedConductor:
@@ -45,51 +45,82 @@ class LearnedConductor:
         # The task's kind is its domain label; one the policy never saw is planned from the text alone,
         # and a kind it falls back on for puts that kind's fixed workflow first (Policy.ranked).
         order, p = self.policy.ranked(request.task_text, request.domain)
-        alternatives = [
-            {"workflow": self.policy.actions[i].name, "p": round(float(p[i]), 4)} for i in order[:5]
-        ]
+        # Only the workflows open to this task (its workers allowed, its budgets) are weighed: what a
+        # policy rule withholds is neither chosen nor shown as weighed.
         fitting = [i for i in order if _fits(self.policy.actions[i], request, allowed)]
         temperature = getattr(request, "temperature", None)
+        sampled = bool(fitting) and temperature is not None and temperature > 0
+        if sampled:
+            x = self.policy.featurize(request.task_text, request.domain)
+            weights = self.policy.probabilities(x, temperature)[fitting]
+        else:
+            weights = p[fitting]
+        among = weights / weights.sum() if fitting else weights  # each one's probability among them
         chosen = None
-        if fitting and temperature is not None and temperature > 0:
+        if sampled:
             import numpy as np
 
-            x = self.policy.featurize(request.task_text, request.domain)
-            q = self.policy.probabilities(x, temperature)[fitting]
             rng = np.random.default_rng(getattr(request, "seed", None))
-            chosen = self.policy.actions[fitting[int(rng.choice(len(fitting), p=q / q.sum()))]]
+            chosen = fitting[int(rng.choice(len(fitting), p=among))]
         elif fitting:
-            chosen = self.policy.actions[fitting[0]]
-        if chosen is None and request.workers:
-            # None of the policy's workflows can be offered (free text: the replay pool cannot answer
-            # it): the cheapest worker that can, as the static rules do.
-            cheapest = min(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok)
-            plan = {
-                "thought": f"no workflow of the policy fits the workers that can answer; the cheapest, {cheapest.slug}",
-                "steps": [{"worker": cheapest.slug, "instruction": request.task_text, "access": []}],
-            }
-        elif chosen is None:
-            plan = {"thought": "no workflow of the policy fits the allowed workers", "steps": []}
-        else:
-            named = chosen.__class__(chosen.kind, tuple(allowed[w.lower()] for w in chosen.workers))
-            plan = named.plan(request.task_text)  # workers, judges included, as the pool names them
-            index = self.policy.actions.index(chosen)
-            sampled = ", sampled" if temperature is not None and temperature > 0 else ""
-            plan["thought"] += (
-                f" (the policy's probability for this workflow: {float(p[index]):.2f}{sampled})"
+            chosen = fitting[0]
+        if chosen is None:
+            return Proposal(
+                raw_output=json.dumps(_plan_without_the_policy(request)),
+                # None of its workflows was open: a dossier must not show them as if they had been.
+                alternatives=[],
+                latency_ms=elapsed_ms(started),
             )
-            kind = self.policy.kind(request.domain)
-            if not sampled and self.policy.fallback.get(kind) == index:
-                plan["thought"] += (
-                    f"; the best fixed workflow for kind {kind}: the learned choice did not beat it"
-                )
+        named = {i: _as_pool_names(self.policy.actions[i], allowed) for i in fitting}
+        plan = named[chosen].plan(request.task_text)  # workers, judges included, as the pool names them
+        kind = self.policy.kind(request.domain)
+        gated = not sampled and self.policy.fallback.get(kind) == chosen
+        position = fitting.index(chosen)
+        if sampled:
+            plan["thought"] += (
+                f" (sampled at temperature {temperature:g}; its probability among the {len(fitting)} "
+                f"workflows open to this task: {among[position]:.2f})"
+            )
+        elif gated:
+            learned = max(range(len(fitting)), key=lambda n: among[n])
+            plan["thought"] += (
+                f"; the best fixed workflow for kind {kind}: the policy's own first choice, "
+                f"{named[fitting[learned]].name} ({among[learned]:.2f}), did not beat it in cross-validation"
+            )
+        else:
+            plan["thought"] += (
+                f" (the policy's probability for this workflow among the {len(fitting)} open to this "
+                f"task: {among[position]:.2f})"
+            )
+        candidates = [
+            {"workflow": named[i].name, "p": round(float(among[n]), 4)}
+            | ({"chosen": True} if i == chosen else {})
+            | ({"fixed": True} if gated and i == chosen else {})
+            for n, i in enumerate(fitting)
+        ]
+        shown = sorted(candidates, key=lambda c: (not c.get("chosen"), -c["p"]))[:5]
         return Proposal(
             raw_output=json.dumps(plan),
-            # What the policy weighed, where it chose among them: none of its workflows was open to a
-            # plan made without it, and a dossier must not show them as if they had been.
-            alternatives=[{"step": 0, "candidates": alternatives}] if chosen is not None else [],
+            alternatives=[{"step": 0, "candidates": shown}],
             latency_ms=elapsed_ms(started),
         )
+
+
+def _as_pool_names(workflow: Workflow, allowed: dict[str, str]) -> Workflow:
+    """The workflow with its workers named as the pool names them (the policy keeps lower case)."""
+    return Workflow(workflow.kind, tuple(allowed[w.lower()] for w in workflow.workers))
+
+
+def _plan_without_the_policy(request: PlanRequest) -> dict[str, Any]:
+    """No workflow of the policy fits: free text the replay pool cannot answer goes to the cheapest
+    worker that can, as the static rules do; with no worker at all, an empty plan."""
+    if not request.workers:
+        return {"thought": "no workflow of the policy fits the allowed workers", "steps": []}
+    cheapest = min(request.workers, key=lambda w: w.input_usd_per_mtok + w.output_usd_per_mtok)
+    return {
+        "thought": f"no workflow of the policy fits the workers that can answer; the cheapest, {cheapest.slug}",
+        "steps": [{"worker": cheapest.slug, "instruction": request.task_text, "access": []}],
+    }
 
 
 def _fits(workflow, request: PlanRequest, allowed: dict[str, str]) -> bool:

@@ -137,9 +137,13 @@ def test_with_a_temperature_the_learned_conductor_samples_its_workflow(tmp_path)
     assert {pick() for _ in range(5)} == {"a"}  # greedy without a temperature
     # The thought says what its number is ("(p=0.62)" read as nothing to an operator or an auditor).
     thought = json.loads(conductor.propose(_request()).raw_output)["thought"]
-    assert re.search(r"\(the policy's probability for this workflow: 0\.\d\d\)$", thought), thought
+    assert re.search(
+        r"\(the policy's probability for this workflow among the 3 open to this task: 0\.\d\d\)$", thought
+    ), thought
     sampled_thought = json.loads(conductor.propose(_request(temperature=1.0, seed=1)).raw_output)["thought"]
-    assert sampled_thought.endswith(", sampled)"), sampled_thought
+    assert re.search(r"\(sampled at temperature 1; its probability among the 3 ", sampled_thought), (
+        sampled_thought
+    )
     assert {pick(temperature=0.0, seed=s) for s in range(5)} == {"a"}
     sampled = [pick(temperature=1.0, seed=s) for s in range(200)]
     assert set(sampled) == {"a", "b", "c"} and sampled.count("a") > sampled.count("c")
@@ -163,3 +167,47 @@ def test_a_learned_policy_is_parsed_once_per_process_and_the_first_plan_counts_i
     version.save(update_fields=["config"])
     changed, _ = conductor_load(version)
     assert changed is not first
+
+
+def _weighed(proposal) -> list[dict]:
+    return proposal.alternatives[0]["candidates"]
+
+
+def test_what_the_learned_conductor_weighed_agrees_with_what_it_chose_and_says(tmp_path):
+    """The dossier shows the thought and the weighed list side by side: they must tell one story."""
+    actions = [Workflow("single", (w,)) for w in ("a", "b", "qwen2-72b-instruct")]
+    policy = Policy.new(actions, kinds={"gsm8k": "numeric"})
+    policy.weights[:, 0] = 5.0  # the policy's own first choice: a
+    policy.fallback = {"gsm8k": 1}  # the gate keeps b, the kind's fixed workflow
+    path = tmp_path / "policy.json"
+    path.write_text(policy.to_json())
+    conductor = LearnedConductor({"policy_path": str(path)})
+    cards = [WorkerCard(s, "v", "", Decimal("1"), Decimal("1")) for s in ("a", "b", "Qwen2-72B-Instruct")]
+
+    def propose(slugs):
+        request = PlanRequest(
+            task_text="add 2 and 3",
+            domain="gsm8k",
+            workers=[c for c in cards if c.slug in slugs],
+            max_steps=5,
+            may_recurse=True,
+        )
+        return conductor.propose(request)
+
+    gated = propose({"a", "b", "Qwen2-72B-Instruct"})
+    thought = json.loads(gated.raw_output)["thought"]
+    weighed = _weighed(gated)
+
+    # The fixed workflow chosen comes first, marked so, and the thought says why the likelier one lost.
+    assert weighed[0]["workflow"] == "b" and weighed[0].get("chosen") and weighed[0].get("fixed")
+    assert "did not beat it in cross-validation" in thought and "a (" in thought
+    assert "probability for this workflow: 0.00" not in thought
+    assert sum(c["p"] for c in weighed) == pytest.approx(1, abs=1e-3)
+    # Workers are named as the pool names them, never as the policy lower-cases them.
+    assert "Qwen2-72B-Instruct" in [c["workflow"] for c in weighed]
+    assert "qwen2-72b-instruct" not in [c["workflow"] for c in weighed]
+
+    # A worker withheld (a policy rule blocks its vendor) is neither chosen nor shown as weighed.
+    withheld = propose({"b", "Qwen2-72B-Instruct"})
+    assert "a" not in [c["workflow"] for c in _weighed(withheld)]
+    assert json.loads(withheld.raw_output)["steps"][0]["worker"] == "b"
