@@ -170,6 +170,21 @@ def policy_rule_save(*, rule: PolicyRule, actor: Any, via: str) -> PolicyRule:
     return rule
 
 
+def withheld_by_rule(checks: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The workers a plan's policy checks (Decision.policy_checks) withheld from the conductor, by the
+    rule that withheld them: [{"rule", "vendors", "workers"}], rules in name order."""
+    by_rule: dict[str, dict[str, list[str]]] = {}
+    for slug, verdict in ((checks or {}).get("withheld") or {}).items():
+        entry = by_rule.setdefault(verdict.get("rule") or "?", {"vendors": [], "workers": []})
+        if verdict.get("vendor") and verdict["vendor"] not in entry["vendors"]:
+            entry["vendors"].append(verdict["vendor"])
+        entry["workers"].append(slug)
+    return [
+        {"rule": rule, "vendors": sorted(entry["vendors"]), "workers": sorted(entry["workers"])}
+        for rule, entry in sorted(by_rule.items())
+    ]
+
+
 # --- judging -----------------------------------------------------------------------------------------
 
 

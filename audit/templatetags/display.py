@@ -18,6 +18,8 @@ from django import template
 from django.utils.html import conditional_escape
 from django.utils.safestring import SafeString, mark_safe
 
+from audit import policies
+
 register = template.Library()
 
 # Bidi embeddings and overrides, isolates, marks; zero-width spaces and joiners, word joiner, BOM.
@@ -72,6 +74,12 @@ def filter_select(name: str, options: Any, current: Any, any_label: str) -> dict
         "current": "" if current is None else str(current),
         "any_label": any_label,
     }
+
+
+@register.filter
+def withheld_by_rule(checks: Any) -> list[dict[str, Any]]:
+    """A plan's withheld workers by rule (audit.policies.withheld_by_rule)."""
+    return policies.withheld_by_rule(checks)
 
 
 @register.filter

@@ -202,6 +202,26 @@ def test_a_rule_created_between_planning_and_the_call_stops_the_step_before_the_
     ).exists()
 
 
+def test_the_task_page_says_which_rule_withheld_which_vendors_workers_and_which_blocked_the_plan(
+    live_pool, client, make_user
+):
+    classification = vendor_blocked()
+    server = live_pool["server"]
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("gamma", "Finish", "all")))])
+    run = run_now(submit("Summarise the merger file", classification=classification))
+    assert run.stop_reason == "policy_blocked"
+    gamma = Worker.objects.get(slug="gamma")
+    client.force_login(make_user("olga", "operator"))
+
+    page = client.get(f"/tasks/{run.task_id}/").content.decode()
+
+    assert (
+        f"Withheld from the conductor by policy:\n<strong>no-globex</strong> (vendor {gamma.vendor}): gamma"
+        in page
+    )
+    assert "Blocked by policy <strong>no-globex</strong>" in page
+
+
 def test_the_policy_report_lists_blocks_and_rule_changes_through_its_partial_index(
     live_pool, client, make_user
 ):
