@@ -48,8 +48,8 @@ class LearnedConductor:
         # Only the workflows open to this task (its workers allowed, its budgets) are weighed: what a
         # policy rule withholds is neither chosen nor shown as weighed.
         fitting = [i for i in order if _fits(self.policy.actions[i], request, allowed)]
-        temperature = getattr(request, "temperature", None)
-        sampled = bool(fitting) and temperature is not None and temperature > 0
+        temperature: float = getattr(request, "temperature", None) or 0.0
+        sampled = bool(fitting) and temperature > 0
         if sampled:
             x = self.policy.featurize(request.task_text, request.domain)
             weights = self.policy.probabilities(x, temperature)[fitting]
@@ -92,7 +92,7 @@ class LearnedConductor:
                 f" (the policy's probability for this workflow among the {len(fitting)} open to this "
                 f"task: {among[position]:.2f})"
             )
-        candidates = [
+        candidates: list[dict[str, Any]] = [
             {"workflow": named[i].name, "p": round(float(among[n]), 4)}
             | ({"chosen": True} if i == chosen else {})
             | ({"fixed": True} if gated and i == chosen else {})
