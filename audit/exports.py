@@ -7,12 +7,17 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import QuerySet
+from django.http import HttpRequest, StreamingHttpResponse
+from django.utils import timezone
 
 from . import csv_safe
+from .actions import Action
 from .checkpoints import checkpoint_latest
+from .filters import AuditEventFilter
 from .models import AuditEvent
+from .services import Actor, event_record
 
 FIELDS = [
     "id",
@@ -152,3 +157,35 @@ def stream_jsonl(qs: QuerySet[AuditEvent], *, filters: dict[str, str]) -> Iterat
         statement = f"COPY (SELECT {_json_columns()} {where}) TO STDOUT"
         with cursor.copy(statement, params) as copy:
             yield from _chunks(bytes(block).replace(b"\\\\", b"\\") for block in copy)
+
+
+EXPORT_FORMATS = ("csv", "jsonl")
+
+
+def export_response(request: HttpRequest, fmt: str, *, via: str) -> StreamingHttpResponse:
+    """The events that the event log's filters (the request's query) select, streamed as `fmt`, with
+    the `audit.exported` event that records who took them, in which format, with which filters."""
+    events = AuditEventFilter(request.GET)
+    applied = events.applied()
+    qs = events.qs
+    with transaction.atomic():
+        event_record(
+            actor=Actor.for_user(request.user),
+            action=Action.AUDIT_EXPORTED,
+            obj=request.user,
+            payload={"format": fmt, "filters": applied, "via": via},
+        )
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    if fmt == "csv":
+        response = StreamingHttpResponse(
+            stream_csv(qs, filters=applied), content_type="text/csv; charset=utf-8"
+        )
+    else:
+        response = StreamingHttpResponse(
+            stream_jsonl(qs, filters=applied), content_type="application/x-ndjson"
+        )
+    response["Content-Disposition"] = f'attachment; filename="audit-events-{stamp}.{fmt}"'
+    reference = checkpoint_reference()
+    if reference:
+        response["X-Audit-Checkpoint"] = f"{reference['id']}; key={reference['key_id']}"
+    return response

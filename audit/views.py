@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from . import params, selectors
 from .actions import Action
-from .exports import checkpoint_reference, stream_csv, stream_jsonl
+from .exports import EXPORT_FORMATS, checkpoint_reference, export_response
 from .filters import AuditEventFilter
 from .models import Role
 from .pagination import EventCursorPagination, page
@@ -52,26 +52,9 @@ def event_log(request: HttpRequest) -> HttpResponse:
 
 @role_required(*AUDIT_ROLES)
 def export_events(request: HttpRequest, fmt: str) -> StreamingHttpResponse:
-    if fmt not in ("csv", "jsonl"):
+    if fmt not in EXPORT_FORMATS:
         raise Http404("exports are .csv or .jsonl")
-    events = AuditEventFilter(request.GET)
-    applied = events.applied()
-    qs = events.qs
-    with_transaction_event(request, Action.AUDIT_EXPORTED, payload={"format": fmt, "filters": applied})
-    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
-    if fmt == "csv":
-        response = StreamingHttpResponse(
-            stream_csv(qs, filters=applied), content_type="text/csv; charset=utf-8"
-        )
-    else:
-        response = StreamingHttpResponse(
-            stream_jsonl(qs, filters=applied), content_type="application/x-ndjson"
-        )
-    response["Content-Disposition"] = f'attachment; filename="audit-events-{stamp}.{fmt}"'
-    reference = checkpoint_reference()
-    if reference:
-        response["X-Audit-Checkpoint"] = f"{reference['id']}; key={reference['key_id']}"
-    return response
+    return export_response(request, fmt, via="page")
 
 
 def with_transaction_event(

@@ -31,6 +31,8 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (conductor_web.metrics)
     path("", include("routing.urls")),
     path("api/training/", include("training.api_urls")),
+    path("api/audit/", include("audit.api_urls")),
+    path("api/audit/", include("routing.compliance_api_urls")),
     path("api/", include("routing.api_urls")),
     path("audit/", include("audit.urls")),
     path("audit/", include("routing.compliance_urls")),

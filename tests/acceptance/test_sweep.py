@@ -38,6 +38,7 @@ AUDITORS = _row("login", 403, 200, 403, 403, 200)
 OPERATORS = _row("login", 403, 403, 200, 403, 200)
 TRAINING_READERS = _row("login", 403, 200, 403, 200, 200)
 TRAINING_READERS_API = _row(403, 403, 200, 403, 200, 200)
+AUDITORS_API = _row(403, 403, 200, 403, 403, 200)
 TRAINING_ACTION_API = _row(403, 403, 405, 403, 405, 405)  # POST actions, read by GET: allowed readers get 405
 EVERYONE_ACTION_API = _row(403, 403, 405, 405, 405, 405)  # a POST action any role may read by GET: 405
 POST_ONLY = _row(405, 405, 405, 405, 405, 405)
@@ -81,6 +82,13 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "worker-list": EVERYONE_API,
     "worker-detail": EVERYONE_API,
     "api-root": EVERYONE_API,
+    "audit-api:event-list": AUDITORS_API,
+    "audit-api:export-jsonl": AUDITORS_API,
+    "audit-api:export-csv": AUDITORS_API,
+    "audit-api:policies": AUDITORS_API,
+    "audit-api:verify": AUDITORS_API,
+    "compliance-api:vendors": AUDITORS_API,
+    "compliance-api:dossier": AUDITORS_API,
     "audit:event-log": AUDITORS,
     "audit:export": AUDITORS,
     "compliance:dossier": AUDITORS,

@@ -165,7 +165,11 @@ def test_an_export_of_the_global_chain_is_itself_recorded_and_an_unknown_format_
 
     exported = AuditEvent.objects.get(action="audit.exported")
     assert exported.chain == "global" and exported.actor_name == "ann"
-    assert exported.payload == {"format": "csv", "filters": {"action": "note.", "chain": "global"}}
+    assert exported.payload == {
+        "format": "csv",
+        "filters": {"action": "note.", "chain": "global"},
+        "via": "page",
+    }
     assert auditor.get("/audit/export.xml").status_code == 404
     assert AuditEvent.objects.filter(action="audit.exported").count() == 1
 

@@ -1,0 +1,87 @@
+"""The auditors' API on tasks (/api/audit/, beside audit's own endpoints): vendor exposure and a
+task's dossier as a bundle that carries its own proof (routing.dossier_bundle; `python -m
+audit.bundle verify` checks it with the public key alone)."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit import params, policies
+from audit.api import PERIOD, READ
+from audit.services import record_viewed
+
+from . import compliance, selectors
+from .dossier_bundle import dossier_bundle
+from .models import Task
+
+
+class VendorReportView(APIView):
+    """Which vendors received data of which class in the period: calls, tasks, tokens and cost; with
+    `vendor` and `classification`, also the newest tasks whose content reached that vendor."""
+
+    required_roles = READ
+
+    @extend_schema(
+        parameters=[
+            *PERIOD,
+            OpenApiParameter("vendor", str, description="With classification: list that vendor's tasks"),
+            OpenApiParameter("classification", str, description="A data class"),
+        ],
+        responses=inline_serializer(
+            "VendorReport",
+            {
+                "rows": serializers.ListField(child=serializers.DictField()),
+                "tasks": serializers.ListField(child=serializers.UUIDField(), allow_null=True),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        since, until = params.period(request.query_params)
+        vendor = params.text(request.query_params, "vendor")
+        classification = params.choice(request.query_params, "classification", policies.data_classes())
+        rows = [
+            {
+                "vendor": r["vendor"],
+                "classification": r["run__task__classification"],
+                "tasks": r["tasks"],
+                "steps": r["steps"],
+                "judged": r["judged"],
+                "input_tokens": r["input_tokens"],
+                "output_tokens": r["output_tokens"],
+                "cost_usd": str(r["cost"]),
+            }
+            for r in compliance.vendor_exposure(since=since, until=until)
+        ]
+        tasks = (
+            [
+                t.pk
+                for t in compliance.vendor_tasks(
+                    vendor=vendor, classification=classification, since=since, until=until
+                )
+            ]
+            if vendor and classification
+            else None
+        )
+        return Response({"rows": rows, "tasks": tasks})
+
+
+class DossierView(APIView):
+    """A task's dossier as a bundle: the task, its runs, the run chains' events, their seals and the
+    signed checkpoint that covers them. Recorded as a view of the task, as the page's export is."""
+
+    required_roles = READ
+
+    @extend_schema(responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The dossier bundle"))
+    def get(self, request: Request, task_id) -> Response:
+        try:
+            task = selectors.task_detail(task_id=task_id)
+        except Task.DoesNotExist as exc:
+            raise Http404("No such task") from exc
+        record_viewed(request=request, task=task, view="dossier export (bundle, api)")
+        return Response(dossier_bundle(task, exported_by=request.user.get_username()))
