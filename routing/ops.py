@@ -29,8 +29,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from kombu.exceptions import ChannelError, OperationalError
 
-from . import rollups
-from .models import Attempt, OpsRollup, Run, RunStatus, StopReason, Task
+from . import presence, rollups
+from .models import Attempt, OpsRollup, Run, RunStatus, StopReason
 
 
 class Percentile(Aggregate):
@@ -54,40 +54,115 @@ def calls_link(*, since: datetime, **filters: str) -> str:
     )
 
 
+KIND_GROUPS: dict[
+    str, str
+] = {  # what a run was for, as the overview separates it: live traffic apart from the rest
+    Run.Kind.LIVE: "live",
+    Run.Kind.RETRY: "live",
+    Run.Kind.SHADOW: "shadow",
+    Run.Kind.ROLLOUT: "rollout",
+    Run.Kind.EVALUATION: "evaluation",
+}
+LIVE = "live"  # the group of user traffic: a task's live run and its retries
+LIVE_KINDS = tuple(kind for kind, group in KIND_GROUPS.items() if group == LIVE)
+
+
+def kind_group(kind: str) -> str:
+    return KIND_GROUPS.get(kind, kind)
+
+
 def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any]:
+    """The last `minutes`: live traffic's runs in flight and finished, and its spend, apart from
+    shadow runs and training's (rollouts, evaluations); every worker's calls, errors and latency;
+    failed live runs by reason; and alerts."""
     now = now or timezone.now()
     since = now - timedelta(minutes=minutes)
-    # Only the tasks that can count (in flight, or ended in the window), through their indexes.
-    tasks = Task.objects.filter(
-        Q(status__in=(RunStatus.RUNNING, RunStatus.QUEUED)) | Q(finished_at__gte=since)
-    ).aggregate(
-        running=Count("pk", filter=Q(status=RunStatus.RUNNING)),
-        queued=Count("pk", filter=Q(status=RunStatus.QUEUED)),
-        failed=Count("pk", filter=Q(status=RunStatus.FAILED, finished_at__gte=since)),
-        succeeded=Count("pk", filter=Q(status=RunStatus.SUCCEEDED, finished_at__gte=since)),
+    # Live runs that can count (in flight, or ended in the window), through their indexes.
+    live = (
+        Run.objects.filter(kind__in=LIVE_KINDS)
+        .filter(Q(status__in=(RunStatus.RUNNING, RunStatus.QUEUED)) | Q(finished_at__gte=since))
+        .aggregate(
+            running=Count("pk", filter=Q(status=RunStatus.RUNNING)),
+            queued=Count("pk", filter=Q(status=RunStatus.QUEUED)),
+            failed=Count("pk", filter=Q(status=RunStatus.FAILED, finished_at__gte=since)),
+            succeeded=Count("pk", filter=Q(status=RunStatus.SUCCEEDED, finished_at__gte=since)),
+        )
     )
-    per_minute = {
-        row["minute"]: row
-        for row in Run.objects.filter(finished_at__gte=since)
-        .order_by()
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("minute")
-        .annotate(runs=Count("pk"))
+    timeline, other = _per_minute(since, minutes)
+    workers = _workers(since, minutes)
+    stops = _stops(since)
+    alerts = [w["alert"] for w in workers if w["alert"]]
+    budget_stops = sum(row["n"] for row in stops if row["reason"] == StopReason.COST_BUDGET)
+    if budget_stops:
+        alerts.append(
+            {"text": f"{budget_stops} live run(s) stopped at their cost budget in the last {minutes} min"}
+        )
+    spend_limit = settings.OPS_SPEND_PER_MINUTE_ALERT_USD
+    peak = max((row["spend_usd"] + row["other_spend_usd"] for row in timeline), default=Decimal(0))
+    if spend_limit and peak > spend_limit:
+        alerts.append({"text": f"spend reached ${peak:.4f} in one minute (threshold ${spend_limit})"})
+    return {
+        "minutes": minutes,
+        "now": now,
+        "live": live,
+        "throughput_per_min": (live["succeeded"] + live["failed"]) / minutes,
+        "spend_usd": sum((row["spend_usd"] for row in timeline), Decimal(0)),
+        "other": other,
+        "timeline": timeline,
+        "workers": workers,
+        "alerts": alerts,
+        "stops": stops,
     }
-    spend = {
-        row["minute"]: row["cost"]
-        for row in Attempt.objects.filter(finished_at__gte=since)
+
+
+def _per_minute(since: datetime, minutes: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Runs finished and money spent per minute, live traffic apart from the rest; and the rest's
+    totals by group (shadow, rollout, evaluation), each group shown even when idle."""
+    runs: dict[tuple[str, datetime], int] = {}
+    for row in (
+        Run.objects.filter(finished_at__gte=since)
         .order_by()
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("minute")
+        .values("kind", minute=TruncMinute("finished_at"))
+        .annotate(n=Count("pk"))
+    ):
+        key = (kind_group(row["kind"]), row["minute"])
+        runs[key] = runs.get(key, 0) + row["n"]
+    spend: dict[tuple[str, datetime], Decimal] = {}
+    for row in (
+        Attempt.objects.filter(finished_at__gte=since)
+        .order_by()
+        .values(kind=F("step__run__kind"), minute=TruncMinute("finished_at"))
         .annotate(cost=Sum("cost_usd"))
-    }
+    ):
+        key = (kind_group(row["kind"]), row["minute"])
+        spend[key] = spend.get(key, Decimal(0)) + (row["cost"] or Decimal(0))
     start = since.replace(second=0, microsecond=0)
     minutes_axis = [start + timedelta(minutes=i) for i in range(minutes + 1)]
+    others = [group for group in dict.fromkeys(KIND_GROUPS.values()) if group != LIVE]
     timeline = [
-        {"minute": m, "runs": per_minute.get(m, {}).get("runs", 0), "spend_usd": spend.get(m) or Decimal(0)}
+        {
+            "minute": m,
+            "runs": runs.get((LIVE, m), 0),
+            "spend_usd": spend.get((LIVE, m), Decimal(0)),
+            "other_runs": sum(runs.get((g, m), 0) for g in others),
+            "other_spend_usd": sum((spend.get((g, m), Decimal(0)) for g in others), Decimal(0)),
+        }
         for m in minutes_axis
     ]
+    other = [
+        {
+            "group": group,
+            "runs": sum(n for (g, _), n in runs.items() if g == group),
+            "spend_usd": sum((usd for (g, _), usd in spend.items() if g == group), Decimal(0)),
+        }
+        for group in others
+    ]
+    return timeline, other
+
+
+def _workers(since: datetime, minutes: int) -> list[dict[str, Any]]:
+    """Every worker's calls (of every kind of run) since `since`: in flight, errors by kind with links
+    to those calls, latency percentiles, cost, and an alert when its error rate crosses the threshold."""
     workers = list(
         Attempt.objects.filter(Q(started_at__gte=since) | Q(status=Attempt.Status.STARTED))
         .order_by()
@@ -115,7 +190,6 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
         label = Attempt.Status(row["status"]).label
         link = calls_link(worker=row["worker"], status=row["status"], since=since)
         by_kind.setdefault(row["worker"], []).append({"kind": label, "n": row["n"], "url": link})
-    alerts: list[dict[str, str]] = []
     threshold = settings.OPS_ERROR_RATE_ALERT
     for row in workers:
         row["error_rate"] = row["errors"] / row["calls"] if row["calls"] else 0.0
@@ -123,17 +197,20 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
         row["errors_by_kind"] = by_kind.get(row["worker"], [])
         row["calls_url"] = calls_link(worker=row["worker"], since=since)
         row["failed_url"] = calls_link(worker=row["worker"], status="failed", since=since)
+        row["alert"] = None
         if row["alerting"]:
-            alerts.append(
-                {
-                    "text": f"{row['worker']}: {row['error_rate']:.0%} of {row['calls']} calls failed in the last "
-                    f"{minutes} min (threshold {threshold:.0%})",
-                    "url": row["failed_url"],
-                }
-            )
-    # Runs that failed, by why they stopped (policy, budgets, an invalid plan, a step's calls...):
-    # each a link to those tasks.
-    stops = [
+            row["alert"] = {
+                "text": f"{row['worker']}: {row['error_rate']:.0%} of {row['calls']} calls failed in the last "
+                f"{minutes} min (threshold {threshold:.0%})",
+                "url": row["failed_url"],
+            }
+    return workers
+
+
+def _stops(since: datetime) -> list[dict[str, Any]]:
+    """Live runs that failed, by why they stopped (policy, budgets, an invalid plan, a step's calls...):
+    each a link to those tasks. Training's sampled plans fail by design and are not counted."""
+    return [
         {
             "reason": row["stop_reason"],
             "label": StopReason(row["stop_reason"]).label
@@ -142,33 +219,13 @@ def overview(*, minutes: int = 15, now: datetime | None = None) -> dict[str, Any
             "n": row["n"],
             "url": reverse("routing:task-list") + "?" + urlencode({"stop": row["stop_reason"]}),
         }
-        for row in Run.objects.filter(finished_at__gte=since, status=RunStatus.FAILED)
+        for row in Run.objects.filter(finished_at__gte=since, status=RunStatus.FAILED, kind__in=LIVE_KINDS)
         .exclude(stop_reason="")
         .order_by()
         .values("stop_reason")
         .annotate(n=Count("pk"))
         .order_by("-n", "stop_reason")
     ]
-    budget_stops = sum(row["n"] for row in stops if row["reason"] == StopReason.COST_BUDGET)
-    if budget_stops:
-        alerts.append(
-            {"text": f"{budget_stops} run(s) stopped at their cost budget in the last {minutes} min"}
-        )
-    spend_limit = settings.OPS_SPEND_PER_MINUTE_ALERT_USD
-    peak = max((row["spend_usd"] for row in timeline), default=Decimal(0))
-    if spend_limit and peak > spend_limit:
-        alerts.append({"text": f"spend reached ${peak:.4f} in one minute (threshold ${spend_limit})"})
-    return {
-        "minutes": minutes,
-        "now": now,
-        "tasks": tasks,
-        "throughput_per_min": (tasks["succeeded"] + tasks["failed"]) / minutes,
-        "spend_usd": sum((row["spend_usd"] for row in timeline), Decimal(0)),
-        "timeline": timeline,
-        "workers": workers,
-        "alerts": alerts,
-        "stops": stops,
-    }
 
 
 # --- History: the overview's charts over the last hour, day or week ----------------------------
@@ -177,13 +234,6 @@ PERIODS = {  # name -> (length, bucket)
     "hour": (timedelta(hours=1), timedelta(minutes=1)),
     "day": (timedelta(days=1), timedelta(minutes=30)),
     "week": (timedelta(days=7), timedelta(hours=4)),
-}
-KIND_GROUPS = {  # what a run was for, as the charts separate it: live traffic apart from the rest
-    Run.Kind.LIVE: "live",
-    Run.Kind.RETRY: "live",
-    Run.Kind.SHADOW: "shadow",
-    Run.Kind.ROLLOUT: "rollout",
-    Run.Kind.EVALUATION: "evaluation",
 }
 
 
@@ -200,11 +250,11 @@ class DateBin(Func):
 
 
 def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, Any]:
-    """Runs finished by what they were for, provider errors by kind (a share of calls), p50 and p95
-    call latency per worker, and spend per minute, in buckets that fit the period. The last hour is
-    read from the rows, to the minute and with the runs in flight; a day or a week from the rollups
-    of finished runs (routing.rollups: half hours for a day, four hours for a week, latency
-    percentiles from a histogram)."""
+    """Runs finished and spend per minute by what the runs were for (KIND_GROUPS), provider errors
+    by kind (a share of calls), and p50 and p95 call latency per worker, in buckets that fit the
+    period. The last hour is read from the rows, to the minute and with the runs in flight; a day
+    or a week from the rollups of finished runs (routing.rollups: half hours for a day, four hours
+    for a week, latency percentiles from a histogram)."""
     length, stride = PERIODS[period]
     now = now or timezone.now()
     # Buckets aligned to their stride (a day's on the half hour, a week's on 4 hours UTC).
@@ -219,13 +269,15 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
     runs: dict[str, list[float]] = {}
     calls = series()
     errors: dict[str, list[float]] = {}
-    spend = series()
+    spend: dict[str, list[float]] = {}  # per minute, by what the runs were for
     histograms: dict[str, dict[int, dict[int, int]]] = {}  # worker -> bucket index -> latency bucket -> n
     latency: dict[str, dict[str, list[float | None]]] = {}
 
-    def add_calls(index: int, status: str, n: int, cost: Any) -> None:
+    def add_calls(index: int, kind: str, status: str, n: int, cost: Any) -> None:
         calls[index] += n
-        spend[index] += float(cost or 0) / (stride.total_seconds() / 60)
+        spend.setdefault(kind_group(kind), series())[index] += float(cost or 0) / (
+            stride.total_seconds() / 60
+        )
         if status in Attempt.ERRORS:
             errors.setdefault(status, series())[index] += n
 
@@ -236,14 +288,12 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
             .values("kind", bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN))
             .annotate(n=Count("pk"))
         ):
-            runs.setdefault(KIND_GROUPS.get(row["kind"], row["kind"]), series())[at[row["bucket"]]] += row[
-                "n"
-            ]
+            runs.setdefault(kind_group(row["kind"]), series())[at[row["bucket"]]] += row["n"]
         attempts = Attempt.objects.filter(finished_at__gte=origin, finished_at__lt=end).order_by()
         for row in attempts.values(
-            "status", bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN)
+            "status", kind=F("step__run__kind"), bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN)
         ).annotate(n=Count("pk"), cost=Sum("cost_usd")):
-            add_calls(at[row["bucket"]], row["status"], row["n"], row["cost"])
+            add_calls(at[row["bucket"]], row["kind"], row["status"], row["n"], row["cost"])
         for row in (
             attempts.filter(status=Attempt.Status.SUCCEEDED, latency_ms__isnull=False)
             .values(
@@ -264,12 +314,13 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
             .annotate(bucket=DateBin(stride, F("slot"), rollups.SLOT_ORIGIN))
         )
         for row in rows.filter(series="run").values("bucket", "run_kind").annotate(n=Sum("n")):
-            group = KIND_GROUPS.get(row["run_kind"], row["run_kind"])
-            runs.setdefault(group, series())[at[row["bucket"]]] += row["n"]
+            runs.setdefault(kind_group(row["run_kind"]), series())[at[row["bucket"]]] += row["n"]
         for row in (
-            rows.filter(series="call").values("bucket", "status").annotate(n=Sum("n"), cost=Sum("cost_usd"))
+            rows.filter(series="call")
+            .values("bucket", "run_kind", "status")
+            .annotate(n=Sum("n"), cost=Sum("cost_usd"))
         ):
-            add_calls(at[row["bucket"]], row["status"], row["n"], row["cost"])
+            add_calls(at[row["bucket"]], row["run_kind"], row["status"], row["n"], row["cost"])
         for row in (
             rows.filter(series="call", latency_bucket__gt=0)
             .values("bucket", "worker_slug", "latency_bucket")
@@ -293,7 +344,7 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
         "calls": calls,
         "error_rate": dict(sorted(error_rate.items())),
         "latency_ms": dict(sorted(latency.items())),
-        "spend_usd_per_min": spend,
+        "spend_usd_per_min": dict(sorted(spend.items())),
     }
 
 
@@ -320,15 +371,20 @@ def queue_depths() -> list[dict[str, Any]]:
     return out
 
 
-WORKERS_ALIVE_TTL_S = 10  # the overview re-reads every few seconds; the ping waits its whole timeout
+WORKERS_ALIVE_TTL_S = 10  # the overview re-reads every few seconds
 
 
 def workers_alive() -> list[str]:
-    """The Celery workers that answered a ping (their host names), asked at most every few seconds."""
+    """The Celery workers that answered a ping (their host names), asked at most every few seconds.
+    A ping waits for answers until its timeout unless told how many to expect: the workers present
+    (each worker's main process holds its presence lock while it lives, routing.presence) are that
+    number, so the ping ends once they have all answered, and is not sent when none is present.
+    Without it every first load of the overview waited the whole timeout."""
     alive = cache.get("ops.workers_alive")
     if alive is None:
+        expected = len(presence.present())
         try:
-            replies = current_app.control.ping(timeout=0.5)
+            replies = current_app.control.ping(timeout=0.5, limit=expected) if expected else []
         except Exception:  # noqa: BLE001 - the broker away: nobody can be seen alive
             replies = []
         alive = sorted(name for reply in replies for name in reply)

@@ -51,12 +51,47 @@ window.Charts = (function () {
     return out;
   }
 
-  // Draw (or redraw in place) a chart; the page's ready mark waits for it.
+  // An amount of USD as a tick or hover text shows it: "$0.005", "$0.50", "$2", "$1,000".
+  function dollars(value) {
+    if (value >= 1) return "$" + value.toLocaleString("en-US", { maximumFractionDigits: 2 });
+    if (value >= 0.01) return "$" + value.toFixed(2);
+    return "$" + value.toPrecision(1);
+  }
+
+  // A log axis of dollars over these values: ticks at 1, 2 and 5 times each power of ten within its
+  // range, each labelled as an amount (Plotly's own log ticks label 2 and 5 as bare digits), and a
+  // range a little wider than the values. Values of zero or less cannot sit on a log axis.
+  function dollarTicks(values) {
+    const positive = values.filter((v) => v > 0);
+    if (!positive.length) return {};
+    const low = Math.min(...positive) / 1.6, high = Math.max(...positive) * 1.6;
+    const tickvals = [];
+    for (let e = Math.floor(Math.log10(low)); e <= Math.ceil(Math.log10(high)); e++) {
+      [1, 2, 5].forEach((m) => {
+        const v = m * Math.pow(10, e);
+        if (v >= low && v <= high) tickvals.push(Number(v.toPrecision(1)));
+      });
+    }
+    return { range: [Math.log10(low), Math.log10(high)], tickmode: "array", tickvals, ticktext: tickvals.map(dollars) };
+  }
+
+  // Draw (or redraw in place) a chart; the page's ready mark waits for it. `own.plotHeight`: the
+  // height of the plot area between its axes, kept whatever the legend takes (a legend of a dozen
+  // names runs to several rows, which would otherwise squeeze the plot into a strip): the chart
+  // grows by the legend's rows instead. A redraw starts from the height the chart last had.
   function plot(target, traces, own) {
     const el = typeof target === "string" ? document.getElementById(target) : target;
     el.classList.remove("empty");
     if (!el.data) el.textContent = "";
-    const done = Plotly.react(el, traces, layout(own), config);
+    const { plotHeight, ...rest } = own || {};
+    const fixed = plotHeight && el._fullLayout && el._fullLayout.height ? { height: el._fullLayout.height } : {};
+    let done = Plotly.react(el, traces, layout({ ...rest, ...fixed }), config);
+    if (plotHeight) {
+      done = done.then(() => {
+        const off = plotHeight - el._fullLayout._size.h;
+        return Math.abs(off) < 1 ? el : Plotly.relayout(el, { height: el._fullLayout.height + off });
+      });
+    }
     drawn.push(done);
     return done;
   }
@@ -66,5 +101,5 @@ window.Charts = (function () {
     return Promise.all(drawn).then(() => { document.body.dataset.chartsReady = "1"; });
   }
 
-  return { config, layout, palette, empty, plot, ready, text, alternate };
+  return { config, layout, palette, empty, plot, ready, text, alternate, dollars, dollarTicks };
 })();

@@ -7,14 +7,16 @@
   const LABELS = { rate_limited: "rate limited (429)", server_error: "provider error (5xx)", client_error: "rejected (4xx)",
     timeout: "timed out", malformed: "malformed answer", error: "other error", lost: "lost with its worker" };
 
+  const PLOT_HEIGHT = 200; // px between the axes of each history chart, whatever its legend takes
+
   // `source`: the history's json_script, of the page or of a fresh copy (Live.swap drops scripts).
   function drawHistory(source) {
     if (!source || !document.getElementById("chart-ops-runs")) return;
     const h = JSON.parse(source.textContent);
     const x = h.buckets;
     const color = Charts.palette(Object.keys(h.latency_ms));
-    const kinds = Charts.palette(Object.keys(h.runs).concat(Object.keys(h.error_rate)));
-    const small = { height: 280, margin: { t: 36, b: 44 }, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+    const kinds = Charts.palette(Object.keys(h.runs).concat(Object.keys(h.error_rate), Object.keys(h.spend_usd_per_min)));
+    const small = { height: PLOT_HEIGHT + 80, margin: { t: 36, b: 44 }, legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
       xaxis: { type: "date", title: "time (UTC)" } };
     const none = (el, text) => Charts.empty(el, text);
 
@@ -29,16 +31,22 @@
       hovertemplate: "%{y:.1%} of calls: " + (LABELS[kind] || kind) + "<extra></extra>",
     })), { ...small, showlegend: true, yaxis: { title: "share of calls", tickformat: ".0%", rangemode: "tozero" } });
 
+    // A dozen workers make a legend of several rows: the plot keeps its height and the chart grows.
     const workers = Object.entries(h.latency_ms);
     if (!workers.length) none("chart-ops-latency", "No successful call in this period.");
     else Charts.plot("chart-ops-latency", workers.flatMap(([w, p]) => [
-      { type: "scatter", mode: "lines+markers", name: w + " p95", legendgroup: w, x, y: p.p95, line: { color: color(w) }, connectgaps: false },
-      { type: "scatter", mode: "lines", name: w + " p50", legendgroup: w, showlegend: false, x, y: p.p50, line: { color: color(w), dash: "dot" }, connectgaps: false },
-    ]), { ...small, yaxis: { title: "ms", rangemode: "tozero" } });
+      { type: "scatter", mode: "lines+markers", name: w, legendgroup: w, x, y: p.p95, line: { color: color(w) }, connectgaps: false,
+        hovertemplate: "p95 %{y:.0f} ms: " + Charts.text(w) + "<extra></extra>" },
+      { type: "scatter", mode: "lines", name: w + " p50", legendgroup: w, showlegend: false, x, y: p.p50, line: { color: color(w), dash: "dot" }, connectgaps: false,
+        hovertemplate: "p50 %{y:.0f} ms: " + Charts.text(w) + "<extra></extra>" },
+    ]), { ...small, showlegend: true, plotHeight: PLOT_HEIGHT, yaxis: { title: "ms", rangemode: "tozero" } });
 
-    if (!h.spend_usd_per_min.some((v) => v > 0)) none("chart-ops-spend", "Nothing spent in this period.");
-    else Charts.plot("chart-ops-spend", [{ type: "bar", name: "spend", x, y: h.spend_usd_per_min, marker: { color: "#2456c7" },
-      hovertemplate: "$%{y:.6f} per minute<extra></extra>" }], { ...small, yaxis: { title: "USD per minute", tickprefix: "$" } });
+    // Spend by what the runs were for, stacked: live traffic apart from shadow runs and training's.
+    const spend = Object.entries(h.spend_usd_per_min).filter(([, y]) => y.some((v) => v > 0));
+    if (!spend.length) none("chart-ops-spend", "Nothing spent in this period.");
+    else Charts.plot("chart-ops-spend", spend.map(([kind, y]) => ({ type: "bar", name: kind, x, y, marker: { color: kinds(kind) },
+      hovertemplate: "$%{y:.6f} per minute: " + kind + " runs<extra></extra>" })),
+    { ...small, showlegend: true, barmode: "stack", yaxis: { title: "USD per minute", tickprefix: "$" } });
     Charts.ready();
   }
 

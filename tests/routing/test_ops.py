@@ -6,15 +6,16 @@ import bisect
 import html as html_lib
 import json
 import re
+import socket
 from decimal import Decimal
 
 import pytest
 
 from audit.models import Role
-from routing import engine, ops, rollups
+from routing import engine, ops, presence, rollups
 from routing.models import Attempt, OpsRollup, Run, StopReason, Task
 from routing.services import TaskSubmission, task_submit
-from tests.conftest import clear_queues
+from tests.conftest import clear_queues, wait_for
 from tests.openai_server import Reply, plan_json
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +42,7 @@ def test_the_overview_counts_calls_errors_latency_and_alerts_on_error_rate(live_
 
     data = ops.overview(minutes=5)
 
-    assert data["tasks"]["queued"] == 1 and data["tasks"]["running"] == 0
+    assert data["live"]["queued"] == 1 and data["live"]["running"] == 0
     alpha = next(w for w in data["workers"] if w["worker"] == "alpha")
     assert (alpha["calls"], alpha["errors"], alpha["in_flight"]) == (6, 3, 0)
     assert alpha["error_rate"] == pytest.approx(0.5)
@@ -101,7 +102,8 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
     assert set(h["error_rate"]) == {"rate_limited"}
     assert "alpha" in h["latency_ms"] and any(v is not None for v in h["latency_ms"]["alpha"]["p95"])
     spent = sum(a.cost_usd for a in attempts)
-    assert sum(h["spend_usd_per_min"]) == pytest.approx(float(spent))  # one-minute buckets
+    assert set(h["spend_usd_per_min"]) == {"live", "rollout"}
+    assert sum(map(sum, h["spend_usd_per_min"].values())) == pytest.approx(float(spent))  # one-minute buckets
 
     # A day and a week come from the rollups: the same runs, calls, errors and spend; latency
     # percentiles from a histogram, within the bucket that holds the exact one.
@@ -113,7 +115,7 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
         rates = [(r, c) for r, c in zip(long["error_rate"]["rate_limited"], long["calls"], strict=True) if c]
         assert sum(r * c for r, c in rates) == pytest.approx(failed)
         per_min = stride / 60
-        assert sum(long["spend_usd_per_min"]) * per_min == pytest.approx(float(spent))
+        assert sum(map(sum, long["spend_usd_per_min"].values())) * per_min == pytest.approx(float(spent))
         exact = sorted(a.latency_ms for a in attempts.filter(status="succeeded", step__worker_slug="alpha"))
         (p95,) = [v for v in long["latency_ms"]["alpha"]["p95"] if v is not None]
         bucket = bisect.bisect_right(rollups.LATENCY_BOUNDS_MS, exact[-1])  # the slowest call's bucket
@@ -221,3 +223,59 @@ def test_failed_runs_by_reason_lead_to_their_tasks(client, make_user, live_pool)
     )
     assert "failure <strong>Blocked by a data policy</strong>" in listed
     assert client.get("/?stop=no-such-reason").status_code == 400
+
+
+def test_the_live_tiles_count_live_traffic_and_show_training_apart(client, make_user, live_pool):
+    """Rollouts and evaluations (training's runs) neither run up the live tiles' spend nor their
+    throughput: they are counted apart, and the history's spend is split the same way."""
+    server = live_pool["server"]
+    task = run_task(server, [Reply("ok", prompt_tokens=1000, completion_tokens=0)], text="live")
+    live_run = task.runs.get()
+    for _ in range(2):  # training's runs of the same item: rollouts, each a call of 3000 tokens
+        server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
+        server.program("alpha", [Reply("ok", prompt_tokens=3000, completion_tokens=0)])
+        rollout = Run.objects.create(task=task, conductor_version=live_run.conductor_version, kind="rollout")
+        engine.execute_run(rollout.pk)
+
+    data = ops.overview(minutes=5)
+
+    assert data["live"]["succeeded"] == 1 and data["throughput_per_min"] == pytest.approx(1 / 5)
+    assert data["spend_usd"] == Decimal("0.001")  # the live call's 1000 tokens at $1.00 per 1M
+    other = {row["group"]: row for row in data["other"]}
+    assert list(other) == ["shadow", "rollout", "evaluation"]
+    assert (other["rollout"]["runs"], other["rollout"]["spend_usd"]) == (2, Decimal("0.006"))
+    assert (other["shadow"]["runs"], other["evaluation"]["runs"]) == (0, 0)
+    assert sum(row["other_spend_usd"] for row in data["timeline"]) == Decimal("0.006")
+    spend = ops.history("hour")["spend_usd_per_min"]
+    assert sum(spend["live"]) == pytest.approx(0.001) and sum(spend["rollout"]) == pytest.approx(0.006)
+
+    client.force_login(make_user("olga", Role.OPERATOR))
+    html = client.get("/ops/?partial=1&minutes=5").content.decode()
+    assert re.search(r'id="tile-spend">\$0\.0010<', html)
+    assert "rollout: 2 runs · $0.0060" in html and "Live traffic: tasks' live runs" in html
+
+
+def test_the_overview_pings_only_the_celery_workers_present_and_stops_when_they_answered(
+    live_pool, celery_workers, monkeypatch
+):
+    """A ping waits out its whole timeout unless told how many answers to expect: every first load
+    of the overview waited half a second for workers that were not there."""
+    from celery import current_app
+    from django.core.cache import cache
+
+    pings: list[dict] = []
+    ping = current_app.control.ping
+
+    def recorded_ping(*args, **kwargs):  # the real ping, its arguments kept
+        pings.append(kwargs)
+        return ping(*args, **kwargs)
+
+    monkeypatch.setattr(current_app.control, "ping", recorded_ping)
+    cache.delete("ops.workers_alive")
+    assert ops.workers_alive() == [] and pings == []  # no worker holds its presence: nobody to ask
+
+    worker = celery_workers("w1")
+    wait_for(lambda: presence.present(), what="the worker's presence lock")
+    cache.delete("ops.workers_alive")
+    assert ops.workers_alive() == [f"{worker.name}@{socket.gethostname()}"]
+    assert pings == [{"timeout": 0.5, "limit": 1}]
