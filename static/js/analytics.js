@@ -32,21 +32,24 @@
   if (!workers.length && !conductors.length) {
     Charts.empty("chart-pareto", "No scored runs in this period: submit tasks with a reference answer.");
   } else {
-    const point = (rows, name, symbol) => ({
-      type: "scatter", mode: "markers+text", name, x: rows.map((r) => Number(r.usd_per_1000)), y: rows.map((r) => r.accuracy),
-      // Every point says how many runs it stands for: one shadow run at accuracy 0 reads as n=1.
-      text: rows.map((r) => r.name + " (n=" + r.runs + ")"), cliponaxis: false,
-      textposition: Charts.alternate(rows.map((r) => r.usd_per_1000), "top center", "bottom center", "middle right"),
-      marker: { size: 12, symbol, line: { width: rows.map((r) => (r.pareto ? 3 : 0)), color: "#1d2330" } },
-      hovertext: rows.map((r) => r.name + ": accuracy " + r.accuracy.toFixed(3) + ", $" + Number(r.usd_per_1000).toFixed(2) + " per 1,000 tasks (" + r.runs + " runs)"),
+    // One trace per point, named in the legend with its n (one shadow run at accuracy 0 reads as n=1)
+    // and described on hover: labels printed beside the points overlapped wherever points crowd.
+    const point = (r, group, symbol) => ({
+      type: "scatter", mode: "markers", name: Charts.text(r.name) + " (n=" + r.runs + ")",
+      legendgroup: group, legendgrouptitle: { text: group }, x: [Number(r.usd_per_1000)], y: [r.accuracy],
+      marker: { size: 12, symbol, color: color(r.name), line: { width: r.pareto ? 3 : 0, color: "#1d2330" } },
+      hovertext: [Charts.text(r.name) + ": accuracy " + r.accuracy.toFixed(3) + ", " + Charts.dollars(Number(r.usd_per_1000))
+        + " per 1,000 tasks (" + r.runs + " runs)" + (r.pareto ? ", on the Pareto front" : "")],
       hoverinfo: "text",
     });
-    const front = [...workers, ...conductors].filter((r) => r.pareto).sort((a, b) => a.usd_per_1000 - b.usd_per_1000);
+    const all = [...workers, ...conductors];
+    const front = all.filter((r) => r.pareto).sort((a, b) => a.usd_per_1000 - b.usd_per_1000);
     Charts.plot("chart-pareto", [
-      point(workers, "final worker", "circle"),
-      point(conductors, "conductor version", "diamond"),
+      ...workers.map((r) => point(r, "final worker", "circle")),
+      ...conductors.map((r) => point(r, "conductor version", "diamond")),
       { type: "scatter", mode: "lines", name: "Pareto front", x: front.map((r) => Number(r.usd_per_1000)), y: front.map((r) => r.accuracy), line: { dash: "dot", color: "#8a93a3" }, hoverinfo: "skip" },
-    ], { xaxis: { title: "USD per 1,000 tasks", type: "log", dtick: "D2", tickprefix: "$" }, yaxis: { title: "accuracy", range: [0, 1.1] }, margin: { l: 60, r: 120 } });
+    ], { xaxis: { title: "USD per 1,000 tasks", type: "log", ...Charts.dollarTicks(all.map((r) => Number(r.usd_per_1000))) },
+      yaxis: { title: "accuracy", range: [0, 1.1] }, showlegend: true, plotHeight: 240 });
   }
 
   const routing = data.routing_by_domain;

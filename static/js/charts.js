@@ -86,14 +86,17 @@ window.Charts = (function () {
     const { plotHeight, ...rest } = own || {};
     const fixed = plotHeight && el._fullLayout && el._fullLayout.height ? { height: el._fullLayout.height } : {};
     let done = Plotly.react(el, traces, layout({ ...rest, ...fixed }), config);
-    if (plotHeight) {
-      done = done.then(() => {
-        const off = plotHeight - el._fullLayout._size.h;
-        return Math.abs(off) < 1 ? el : Plotly.relayout(el, { height: el._fullLayout.height + off });
-      });
-    }
+    if (plotHeight) done = done.then(() => keepPlotHeight(el, plotHeight, 3));
     drawn.push(done);
     return done;
+  }
+
+  // Grow (or shrink) the chart until its plot area is `height` px: Plotly caps the margin a legend
+  // may push at a share of the chart's height, so a tall legend may take more than one step.
+  function keepPlotHeight(el, height, tries) {
+    const off = height - el._fullLayout._size.h;
+    if (Math.abs(off) < 1 || !tries) return Promise.resolve(el);
+    return Plotly.relayout(el, { height: el._fullLayout.height + off }).then(() => keepPlotHeight(el, height, tries - 1));
   }
 
   // Mark the page once the charts drawn so far have rendered.
