@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .kinds import MIN_KIND_ITEMS
 from .policy import GRPOConfig, Policy, Table, Workflow, outcome_table, train
 
 # USD^-1. 0 is "accuracy only"; above about 1,000 every kind takes its cheapest worker.
@@ -154,11 +155,12 @@ def _choices(policy: Policy, items: Sequence[Any]) -> np.ndarray:
 
 def _z_scores(difference: np.ndarray, kinds: np.ndarray, rows: np.ndarray) -> dict[str, float]:
     """Each kind's mean paired difference (learned minus fixed) over `rows`, in standard errors (-inf
-    where it is not above 0 or cannot be told)."""
+    where it is not above 0 or cannot be told, and for a kind with fewer than MIN_KIND_ITEMS items in
+    all: too few to trust the learned choice on)."""
     out = {}
     for kind in {str(k) for k in kinds[rows] if k}:  # "" (unseen kinds) always takes the text-only path
         d = difference[rows][kinds[rows] == kind]
-        if len(d) < 2 or d.mean() <= 0:
+        if len(d) < 2 or d.mean() <= 0 or int((kinds == kind).sum()) < MIN_KIND_ITEMS:
             out[kind] = -math.inf
             continue
         spread = float(d.std(ddof=1))

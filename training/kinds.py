@@ -1,10 +1,12 @@
 """Task kinds: whatever a deployment labels its tasks with (a task's `domain`, set by the submitter
 through the API, the form or a data set), learned from the training items rather than fixed here.
 
-A kind the policy was trained on gets its own features and its own fallback workflow; a kind it never
-saw (or saw too rarely) is planned from the text alone. Each kind's scorer (what "two answers agree"
-means for it) comes from the items too: the scorer its items were graded with, else the default one
-for its label.
+Every kind of the training items is a kind of the policy: it gets its own features, its own scorer and
+its own fallback workflow (training.frontier), however few items it has; only a kind the policy never saw
+is planned from the text alone. A kind with fewer than MIN_KIND_ITEMS items is too few to trust the
+learned choice on: it is planned by its best fixed workflow (the gate in training.frontier). Each kind's
+scorer (what "two answers agree" means for it) comes from the items too: the scorer its items were
+graded with, else the default one for its label.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from routing.scoring.scorers import scorer_name
 
 # The labels policies of formats 1 and 2 were trained on (kept to read those files; nothing new uses it).
 LEGACY_KINDS = ["gsm8k", "math-l5", "cruxeval-o"]
-MIN_KIND_ITEMS = 20  # fewer training items than this: too few to learn a kind from, planned as unseen
+# Fewer training items of a kind than this: too few to trust the learned choice on, so the kind is
+# planned by its best fixed workflow (training.frontier's gate), never from the text alone.
+MIN_KIND_ITEMS = 20
 # Scorers that compare two answers symmetrically; an answer is not a regular expression, and asking
 # the judge whether two cheap answers agree would cost a call: those kinds agree by exact match.
 AGREEMENT_SCORERS = {"numeric", "exact", "literal", "math"}
@@ -27,10 +31,10 @@ def kind_of(item: Any) -> str:
     return str(getattr(item, "domain", "") or "").strip()
 
 
-def kinds_of(items: Iterable[Any], *, min_items: int = MIN_KIND_ITEMS) -> dict[str, str]:
-    """The kinds with at least `min_items` items, most frequent first, each with its scorer: the one
-    most of its items name (an item's `scorer`, when it has one other than "auto"), else the default
-    for the label."""
+def kinds_of(items: Iterable[Any], *, min_items: int = 1) -> dict[str, str]:
+    """The kinds of the items (those with at least `min_items` items), most frequent first, each with
+    its scorer: the one most of its items name (an item's `scorer`, when it has one other than "auto"),
+    else the default for the label."""
     counts: Counter[str] = Counter()
     named: dict[str, Counter[str]] = {}
     for item in items:

@@ -46,13 +46,13 @@ def test_the_kinds_and_their_scorers_come_from_the_training_items():
     )
     found = kinds_of(data)
     # Made-up labels, most frequent first; the scorer the items name, else the default for the label;
-    # a label with too few items is not a kind the policy learns.
-    assert found == {"invoices": "numeric", "proofs": "exact"}
+    # a label with few items is a kind too (training.frontier's gate plans it by its best fixed workflow).
+    assert found == {"invoices": "numeric", "proofs": "exact", "rare": "exact"}
     assert kinds_of(items("gsm8k", 20, cheap_right=True)) == {"gsm8k": "numeric"}
 
     policy = Policy.for_items(ACTIONS, data)
-    assert policy.kinds == ["invoices", "proofs"]
-    assert policy.weights.shape == (feature_size("v1", ["invoices", "proofs"]), 2)
+    assert policy.kinds == ["invoices", "proofs", "rare"]
+    assert policy.weights.shape == (feature_size("v1", ["invoices", "proofs", "rare"]), 2)
     train(policy, data, GRPOConfig(epochs=25, cost_penalty_per_usd=20, seed=3))
     # The same text routes by its kind: the cheap worker is enough for invoices, not for proofs.
     text = "Please handle request number 99 carefully"
@@ -60,7 +60,8 @@ def test_the_kinds_and_their_scorers_come_from_the_training_items():
     assert policy.choose(text, "proofs")[0].workers == (STRONG,)
 
     saved = Policy.from_json(policy.to_json())
-    assert saved.kinds == policy.kinds and saved.scorers == {"invoices": "numeric", "proofs": "exact"}
+    assert saved.kinds == policy.kinds
+    assert saved.scorers == {"invoices": "numeric", "proofs": "exact", "rare": "exact"}
     assert saved.choose(text, "proofs")[0].workers == (STRONG,)
 
 
