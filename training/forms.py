@@ -21,6 +21,7 @@ from .services import (
     MAX_ITEMS,
     MAX_K,
     MAX_TEMPERATURE,
+    ROLLOUT_DEFAULTS,
 )
 
 SPLITS = [("train", "train"), ("dev", "dev")]
@@ -179,9 +180,18 @@ class RolloutsForm(forms.Form):
     version = VersionChoiceField(queryset=ConductorVersion.objects.order_by("-created_at"), label="Version")
     split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
     domain = forms.CharField(max_length=40, required=False, help_text="Only this domain (empty: all)")
-    limit = forms.IntegerField(min_value=1, max_value=MAX_ITEMS, initial=20, help_text="Items")
-    k = forms.IntegerField(min_value=1, max_value=MAX_K, initial=4, label="K", help_text="Samples per item")
-    temperature = forms.FloatField(min_value=0.0, max_value=MAX_TEMPERATURE, initial=1.0)
+    limit = forms.IntegerField(
+        min_value=1, max_value=MAX_ITEMS, initial=ROLLOUT_DEFAULTS["limit"], help_text="Items"
+    )
+    k = forms.IntegerField(
+        min_value=1, max_value=MAX_K, initial=ROLLOUT_DEFAULTS["k"], label="K", help_text="Samples per item"
+    )
+    temperature = forms.FloatField(
+        min_value=0.0,
+        max_value=MAX_TEMPERATURE,
+        initial=ROLLOUT_DEFAULTS["temperature"],
+        help_text="A trained policy is near-greedy at 1: its samples would all be one workflow",
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -144,10 +144,14 @@ class RolloutsStartInput(serializers.Serializer):
         help_text="Replay item ids; or leave out and give split (+ limit, domain)",
     )
     split = serializers.CharField(required=False, default="train", max_length=40)
-    limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=services.MAX_ITEMS)
+    limit = serializers.IntegerField(
+        required=False, default=services.ROLLOUT_DEFAULTS["limit"], min_value=1, max_value=services.MAX_ITEMS
+    )
     domain = serializers.CharField(required=False, default="", allow_blank=True, max_length=40)
-    k = serializers.IntegerField(required=False, default=4, help_text="Samples per item (the GRPO group)")
-    temperature = serializers.FloatField(required=False, default=1.0)
+    k = serializers.IntegerField(
+        required=False, default=services.ROLLOUT_DEFAULTS["k"], help_text="Samples per item (the GRPO group)"
+    )
+    temperature = serializers.FloatField(required=False, default=services.ROLLOUT_DEFAULTS["temperature"])
     dry_run = serializers.BooleanField(required=False, default=False, help_text=DRY_RUN_HELP)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""From rollouts to a dataset to a job: a job trained on a dataset learns every kind the dataset holds."""
+"""From rollouts to a dataset to a job: the rollout form's defaults give groups that teach, and a job
+trained on a dataset learns every kind the dataset holds."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 
 from audit.services import Actor
 from routing import engine, replay
+from routing.models import ConductorVersion
 from routing.services import conductor_active
+from training.forms import RolloutsForm
 from training.kinds import MIN_KIND_ITEMS
 from training.models import JobStatus, Rollout
-from training.policy import Policy
+from training.policy import GRPOConfig, Policy, default_actions, train
 from training.services import dataset_build, job_start, replay_item_ids, rollouts_start
 from training.tasks import train_job
 
@@ -56,3 +59,25 @@ def test_a_job_on_a_dataset_learns_every_kind_the_dataset_holds(replay_pool, set
     math_item = replay.find_item(item_id=items[-1], texts=[])
     assert policy.kind("math-l5") == "math-l5"
     assert policy.ranked(math_item.task, "math-l5")[0][0] == policy.fallback["math-l5"]
+
+
+def test_rollouts_with_the_forms_defaults_give_groups_that_teach(replay_pool, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
+    # The learned conductor as a training job leaves it: GRPO at the job's defaults on the train split.
+    train_items = replay.read_items(replay.split_path("train"))
+    policy = Policy.for_items(default_actions(sorted(train_items[0].outcomes)), train_items)
+    train(policy, train_items, GRPOConfig())
+    path = tmp_path / "policy.json"
+    path.write_text(policy.to_json())
+    version = ConductorVersion.objects.create(
+        name="trained", backend="learned", config={"policy_path": str(path)}
+    )
+
+    fields = RolloutsForm().fields
+    limit, k, temperature = (fields[name].initial for name in ("limit", "k", "temperature"))
+    items = replay_item_ids(fields["split"].initial, limit=limit)
+    batch = rollouts_start(version=version, items=items, k=k, temperature=temperature, actor=ACTOR)
+    run_batch(batch)
+    dataset = dataset_build(name="defaults", batch_ids=[batch.pk], validation_fraction=0.0, actor=ACTOR)
+    assert dataset.counts["groups"] == limit
+    assert dataset.counts["groups_with_signal"] >= 1, dataset.counts

@@ -8,6 +8,7 @@ from .common import (
     MAX_K,
     MAX_TEMPERATURE,
     QUEUED_RUNS_LOCK_NAMESPACE,
+    ROLLOUT_DEFAULTS,
     TRAINING_KEY_PREFIX,
     TrainingError,
     check_or_refuse,
@@ -48,6 +49,7 @@ from .versions import (
     conductor_promote,
     conductor_rollback,
     promotion_gate,
+    rollback_target,
     shadow_set,
 )
 
@@ -65,6 +67,7 @@ __all__ = [
     "MAX_ITEMS",
     "MAX_K",
     "MAX_TEMPERATURE",
+    "ROLLOUT_DEFAULTS",
     "QUEUED_RUNS_LOCK_NAMESPACE",
     "TRAINING_KEY_PREFIX",
     "TrainingError",
@@ -96,6 +99,7 @@ __all__ = [
     "rollout_batch_refresh",
     "rollouts_estimate",
     "rollouts_start",
+    "rollback_target",
     "shadow_set",
     "user_of",
 ]

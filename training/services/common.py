@@ -26,6 +26,14 @@ MAX_K = 64
 
 MAX_TEMPERATURE = 5.0
 
+# The rollout form's defaults: settings whose groups teach. A trained learned policy is near-greedy at
+# temperature 1 (its best workflow's logit stands some ten above the rest: probability 0.85 to 1.00 on
+# the replay items), and the dataset's default reward counts correctness only, so a group teaches only
+# where its samples differ in workflow and one of them is right where another is wrong. At temperature
+# 1 and K=4, 20 replay items gave no such group; at temperature 4 and K=8 about one in five does
+# (a GRPO group teaches only if its rewards differ).
+ROLLOUT_DEFAULTS = {"limit": 20, "k": 8, "temperature": 4.0}
+
 
 QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per user at a time
 
