@@ -128,6 +128,12 @@ class TrainingJob(models.Model):
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
+    phase = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="What a running job does after its last step (cross-validation, gating, writing); "
+        "empty while it steps and once it has finished",
+    )
     log = models.TextField(blank=True)
     error = models.TextField(blank=True)
     artifact_path = models.CharField(max_length=500, blank=True, help_text="Relative to VAR_DIR")

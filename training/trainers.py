@@ -28,11 +28,11 @@ from routing.plans import workflow_schema
 from routing.secrets import redact
 
 from .engine_reward import EngineReward
-from .frontier import COST_PENALTIES, REFINE, gate_policy, sweep
+from .frontier import COST_PENALTIES, REFINE, Fit, gate_policy, sweep
 from .local_base import is_local_base, local_base_export
 from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
-from .policy import GRPOConfig, Policy, default_actions, outcome_table, train
+from .policy import GRPOConfig, Policy, Workflow, default_actions, outcome_table, train
 from .services import dataset_files, replay_items
 from .services.common import SERVICE
 
@@ -66,8 +66,10 @@ def run_job(job_id: int) -> None:
         job.status, job.started_at = JobStatus.RUNNING, job.started_at or timezone.now()
         job.deliveries += 1
         job.worker_host, job.worker_pid = socket.gethostname(), os.getpid()
-        job.step = 0
-        job.save(update_fields=["status", "started_at", "deliveries", "worker_host", "worker_pid", "step"])
+        job.step, job.phase = 0, ""
+        job.save(
+            update_fields=["status", "started_at", "deliveries", "worker_host", "worker_pid", "step", "phase"]
+        )
         event_record(
             actor=SERVICE,
             action=Action.TRAINING_JOB_RESTARTED if restarted else Action.TRAINING_JOB_RUNNING,
@@ -113,6 +115,7 @@ def _register(job: TrainingJob, artifact: Path, config: dict[str, Any], notes: s
             finished_at=timezone.now(),
             candidate=version,
             artifact_path=str(Path(artifact).relative_to(settings.VAR_DIR)),
+            phase="",
         )
         event_record(
             actor=SERVICE,
@@ -132,7 +135,10 @@ def _register(job: TrainingJob, artifact: Path, config: dict[str, Any], notes: s
 def _finish(job: TrainingJob, status: str, action: str, message: str) -> None:
     with transaction.atomic():
         TrainingJob.objects.filter(pk=job.pk).update(
-            status=status, finished_at=timezone.now(), error="" if status == JobStatus.CANCELLED else message
+            status=status,
+            finished_at=timezone.now(),
+            error="" if status == JobStatus.CANCELLED else message,
+            phase="",
         )
         event_record(actor=SERVICE, action=action, obj=job, payload={"message": message})
     _log(job, message)
@@ -141,6 +147,11 @@ def _finish(job: TrainingJob, status: str, action: str, message: str) -> None:
 def _log(job: TrainingJob, line: str) -> None:
     stamp = timezone.now().strftime("%H:%M:%S")
     TrainingJob.objects.filter(pk=job.pk).update(log=Concat("log", Value(f"{stamp} {line}\n")))
+
+
+def _phase(job: TrainingJob, phase: str) -> None:
+    """Say what the job does after its last step (the job's page shows it while it runs)."""
+    TrainingJob.objects.filter(pk=job.pk).update(phase=phase)
 
 
 def _progress(job: TrainingJob, step: int, total: int, values: dict[str, Any]) -> bool:
@@ -199,39 +210,14 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         )
 
     curve = train(policy, items, config, on_epoch=on_epoch, table=table)
-    folds = o["folds"]
-    penalties = (
-        sorted({*COST_PENALTIES, config.cost_penalty_per_usd})
-        if o["frontier"]
-        else [config.cost_penalty_per_usd]
-    )
-    _log(
-        job,
-        f"cross-validating: {len(penalties)} cost penalties"
-        + (f" and up to {REFINE} more where the curve has gaps" if o["frontier"] else "")
-        + f" x {folds} folds",
-    )
-
-    def on_fold(done: int, total: int) -> None:
-        if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-            raise Cancelled
-        if done % folds == 0:
-            _log(job, f"cross-validated {done // folds} of up to {total // folds} cost penalties")
-
-    fit = sweep(
-        actions,
-        items,
-        lambda: Policy.for_items(actions, items),
-        config,
-        penalties=penalties,
-        folds=folds,
-        on_fold=on_fold,
-    )
+    fit = _cross_validate(job, actions, items, config)
+    _phase(job, "gating: choosing each kind's fallback workflow")
     gate_policy(policy, items, fit)
     fallback = {k: actions[i].name for k, i in policy.fallback.items()}
     on_frontier = ", ".join(f"{p.cost_penalty_per_usd:g}" for p in fit.frontier)
     _log(job, f"frontier (cross-validated): penalties {on_frontier}; falls back to {plain(fallback)}")
     first, last = curve[0], curve[-1]
+    _phase(job, "writing the policy and registering the candidate")
     path = _artifact_dir(job, "policies") / "policy.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(policy.to_json())
@@ -244,6 +230,42 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         "frontier": policy.frontier,
     }
     return path, config_out, f"GRPO on {len(items)} recorded items; mean reward {first:.3f} -> {last:.3f}"
+
+
+def _cross_validate(job: TrainingJob, actions: list[Workflow], items: list[Any], config: GRPOConfig) -> Fit:
+    """training.frontier's sweep at the job's penalty (and the grid's, with `frontier`), its progress
+    said on the job's page and in its log."""
+    o = job.options
+    folds = o["folds"]
+    penalties = (
+        sorted({*COST_PENALTIES, config.cost_penalty_per_usd})
+        if o["frontier"]
+        else [config.cost_penalty_per_usd]
+    )
+    _log(
+        job,
+        f"cross-validating: {len(penalties)} cost penalties"
+        + (f" and up to {REFINE} more where the curve has gaps" if o["frontier"] else "")
+        + f" x {folds} folds",
+    )
+    _phase(job, "cross-validating the cost penalties")
+
+    def on_fold(done: int, total: int) -> None:
+        if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            raise Cancelled
+        _phase(job, f"cross-validating the cost penalties: {done} of up to {total} trainings")
+        if done % folds == 0:
+            _log(job, f"cross-validated {done // folds} of up to {total // folds} cost penalties")
+
+    return sweep(
+        actions,
+        items,
+        lambda: Policy.for_items(actions, items),
+        config,
+        penalties=penalties,
+        folds=folds,
+        on_fold=on_fold,
+    )
 
 
 def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
@@ -286,7 +308,7 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
                 else {}
             ),
         },
-        on_log=lambda step, total, metrics: _progress(job, step, total, metrics),
+        on_log=lambda step, total, metrics: _lora_progress(job, step, total, metrics),
     )
     adapter = {
         "lora_name": job.name,
@@ -304,6 +326,14 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         config = {"model": f"hosted_vllm/{job.name}", "api_base": settings.CONDUCTOR_VLLM_API_BASE, **adapter}
     note = f"TRL GRPO + LoRA (r={o['lora_r']}) for {result['global_step']} steps on {job.dataset}"
     return Path(result["adapter_dir"]), config, note
+
+
+def _lora_progress(job: TrainingJob, step: int, total: int, metrics: dict[str, Any]) -> bool:
+    """A LoRA step's point; after the last one the trainer saves the adapter before it returns."""
+    going = _progress(job, step, total, metrics)
+    if total and step >= total:
+        _phase(job, "saving the adapter and registering the candidate")
+    return going
 
 
 def _served_schema(data: Any) -> dict[str, Any]:

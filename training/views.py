@@ -67,6 +67,7 @@ def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
         "max_runs_per_request": limits.MAX_RUNS_PER_REQUEST,
         "max_queued_runs_per_user": limits.max_queued_runs_per_user(),
         "can_write": has_role(request, WRITERS),
+        "rollback": dict(zip(("current", "previous"), services.rollback_target(), strict=True)),
     }
     return render(request, "training/home.html", context)
 
@@ -86,6 +87,8 @@ def _job_state(job: TrainingJob, after: int) -> dict[str, Any]:
     return {
         "status": job.status,
         "status_label": job.get_status_display(),
+        "banner": _job_banner(job),
+        "phase": job.phase if job.status == JobStatus.RUNNING else "",
         "step": job.step,
         "total_steps": job.total_steps,
         "progress": job.progress,
@@ -111,6 +114,36 @@ def _job_state(job: TrainingJob, after: int) -> dict[str, Any]:
         ),
         "candidate_note": _candidate_note(job),
     }
+
+
+def _job_banner(job: TrainingJob) -> str:
+    """The sentence at the top of a job's page: what the job is doing now (it follows the status)."""
+    name = f"Training job {job.name}"
+    if job.status == JobStatus.QUEUED:
+        return f"{name} is queued: it starts when a training worker takes it."
+    if job.status == JobStatus.RUNNING:
+        if job.phase:
+            return f"{name} is running, past its last step: {job.phase}."
+        return f"{name} is running: step {job.step} of {job.total_steps or '?'}."
+    if job.status == JobStatus.SUCCEEDED:
+        return f"{name} succeeded." + (f" Candidate: {job.candidate.name}." if job.candidate_id else "")
+    if job.status == JobStatus.FAILED:
+        return f"{name} failed: the reason is below."
+    return f"{name} was cancelled."
+
+
+def _evaluation_banner(evaluation: Evaluation, sides: list[dict[str, Any]]) -> str:
+    """The sentence at the top of an evaluation's page: what it is doing now (it follows the status)."""
+    name = f"Evaluation #{evaluation.pk}"
+    if evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+        done = sum(row.get("n") or 0 for row in sides)
+        total = sum(row.get("total") or 0 for row in sides)
+        if total and done >= total:
+            return f"{name} is running, past its last item: every run has ended; recording the results."
+        return f"{name} is running: {done} of {total or '?'} runs done."
+    if evaluation.status == JobStatus.SUCCEEDED:
+        return f"{name} finished: every run has ended and the figures below are final."
+    return f"{name} {evaluation.get_status_display().lower()}."
 
 
 def _candidate_note(job: TrainingJob) -> str:
@@ -247,6 +280,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         "training/evaluation_detail.html",
         {
             "evaluation": evaluation,
+            "banner": _evaluation_banner(evaluation, sides),
             "sides": sides,
             "chart": chart,
             "refresh": evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING),
@@ -332,8 +366,7 @@ def job_start(request: HttpRequest) -> HttpResponse:
         except ServiceError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Training job {job.name} queued.")
-            return redirect("training:job", job_id=job.pk)
+            return redirect("training:job", job_id=job.pk)  # its page says it is queued, and what next
     return _home(request, job_form=form)
 
 
@@ -432,7 +465,7 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
     if evaluation_id is not None:
         evaluation = get_object_or_404(Evaluation, pk=evaluation_id, candidate=version)
         back = redirect("training:evaluation", evaluation_id=evaluation.pk)
-        if request.POST.get("confirm") != "yes":
+        if not _confirmed(request):
             messages.error(request, "Not promoted: confirm the deltas first.")
             return back
     try:
@@ -452,9 +485,18 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
     return back
 
 
+def _confirmed(request: HttpRequest) -> bool:
+    """The form's confirmation box (templates/training/confirm.html) was ticked: what a change of the
+    active conductor needs before it is made."""
+    return request.POST.get("confirm") == "yes"
+
+
 @require_POST
 @role_required(*WRITERS)
 def version_rollback(request: HttpRequest) -> HttpResponse:
+    if not _confirmed(request):
+        messages.error(request, "Not rolled back: confirm the roll back first.")
+        return redirect("training:home")
     try:
         version = services.conductor_rollback(actor=_actor(request))
     except ServiceError as exc:
@@ -521,5 +563,4 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
     except ServiceError as exc:
         messages.error(request, f"Not evaluated: {exc}")
         return redirect("training:home")
-    messages.success(request, f"Evaluation of {version.name} queued.")
-    return redirect("training:evaluation", evaluation_id=evaluation.pk)
+    return redirect("training:evaluation", evaluation_id=evaluation.pk)  # its page follows its status

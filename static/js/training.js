@@ -98,6 +98,13 @@
       status.textContent = s.status_label || s.status;
       status.className = "status status-" + s.status;
       document.getElementById("job-step").textContent = s.step + "/" + s.total_steps;
+      // What the job does now: the banner follows the status, the phase says what runs after the last step.
+      const banner = document.getElementById("job-banner");
+      banner.textContent = s.banner;
+      banner.dataset.status = s.status;
+      const phase = document.getElementById("job-phase");
+      phase.textContent = "· " + s.phase;
+      phase.hidden = !s.phase;
       const log = document.getElementById("job-log");
       const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
       log.textContent = Live.visible(s.log_tail);

@@ -68,7 +68,7 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     page.wait_for_url("**/training/jobs/*/")
     job = TrainingJob.objects.get(name="learned-browser")
     assert job.options["limit"] == 60 and job.options["epochs"] == 400
-    expect(page.locator(".flash")).to_contain_text("learned-browser")
+    expect(page.locator("#job-banner")).to_contain_text("Training job learned-browser is queued")
     wait_until(page, "document.body.dataset.curvesReady === '1'")
     assert page.evaluate(POINTS_JS) == 0
     assert float(page.locator("#job-progress").get_attribute("value")) == 0.0
@@ -77,8 +77,11 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
 
     # Sample the page (no reloads) while the job runs: the curve grows and the bar moves.
     samples: list[tuple[float, int]] = []
+    phases: set[str] = set()  # what the page said runs after the last epoch
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if page.locator("#job-phase").is_visible():
+            phases.add(page.locator("#job-banner").inner_text())
         progress = float(page.locator("#job-progress").get_attribute("aria-valuenow"))
         points = page.evaluate(POINTS_JS)
         if not samples or samples[-1] != (progress, points):
@@ -100,6 +103,12 @@ def test_ml_staff_launch_a_learned_job_and_watch_it_train(page: Page, log_in, tr
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, job.error
     expect(page.locator("#job-status")).to_have_text("Succeeded")
+    # The banner followed the status, and the cross-validation after the last epoch was said as it ran.
+    expect(page.locator("#job-banner")).to_have_text(
+        "Training job learned-browser succeeded. Candidate: learned-browser."
+    )
+    expect(page.locator("#job-phase")).to_be_hidden()
+    assert any("past its last step: cross-validating the cost penalties" in text for text in phases), phases
     progress, points = samples[-1]
     assert progress == 100.0
     assert float(page.locator("#job-progress").get_attribute("value")) == 100.0

@@ -458,14 +458,14 @@ def test_promote_shadow_and_rollback_go_through_the_services(ml):
     assert response.status_code == 302 and response["Location"] == reverse("training:home")
     assert conductor_active().pk == candidate.pk
 
-    response = ml.post(reverse("training:rollback"), follow=True)
+    response = ml.post(reverse("training:rollback"), {"confirm": "yes"}, follow=True)
     assert conductor_active().pk == baseline.pk
     assert "static-v1" in " ".join(str(m) for m in response.context["messages"])
 
 
 def test_a_rollback_with_no_earlier_conductor_is_a_message_not_a_500(ml):
     active = conductor_active()
-    response = ml.post(reverse("training:rollback"), follow=True)
+    response = ml.post(reverse("training:rollback"), {"confirm": "yes"}, follow=True)
     assert response.status_code == 200
     shown = " ".join(str(m) for m in response.context["messages"])
     assert "Not rolled back: no earlier conductor to roll back to from static-v1" in shown
@@ -475,7 +475,7 @@ def test_a_rollback_with_no_earlier_conductor_is_a_message_not_a_500(ml):
     # the message is escaped: an active version whose name was written to the database as is
     ConductorVersion.objects.update(is_active=False)
     odd = ConductorVersion.objects.create(name=XSS, backend="static", config=active.config, is_active=True)
-    response = ml.post(reverse("training:rollback"), follow=True)
+    response = ml.post(reverse("training:rollback"), {"confirm": "yes"}, follow=True)
     assert response.status_code == 200
     assert f"to roll back to from {XSS_ESCAPED}".encode() in response.content
     assert XSS.encode() not in response.content

@@ -116,11 +116,12 @@ def _promote(
         return conductor_activate(version=version, actor=actor)
 
 
-def conductor_rollback(*, actor: Actor) -> ConductorVersion:
-    """Re-activate the version that was active before the current one (read from the audit record)."""
+def rollback_target() -> tuple[ConductorVersion | None, ConductorVersion | None]:
+    """The active version and the one a roll back would re-activate: the version that was active
+    before it (read from the audit record); None where there is none."""
     current = ConductorVersion.objects.filter(is_active=True).first()
     if current is None:
-        raise TrainingError("no conductor is active: nothing to roll back")
+        return None, None
     last = (
         AuditEvent.objects.filter(
             action=Action.CONDUCTOR_ACTIVATED, object_type="conductorversion", object_id=str(current.pk)
@@ -130,6 +131,14 @@ def conductor_rollback(*, actor: Actor) -> ConductorVersion:
     )
     previous_name = (last.payload or {}).get("previous") if last else None
     previous = ConductorVersion.objects.filter(name=previous_name).first() if previous_name else None
+    return current, previous
+
+
+def conductor_rollback(*, actor: Actor) -> ConductorVersion:
+    """Re-activate the version that was active before the current one (rollback_target)."""
+    current, previous = rollback_target()
+    if current is None:
+        raise TrainingError("no conductor is active: nothing to roll back")
     if previous is None:
         raise TrainingError(f"no earlier conductor to roll back to from {current.name}")
     _activation_load(previous, actor)  # vLLM may have restarted since it last served this adapter
