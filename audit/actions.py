@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class Action(StrEnum):
+    ANNOTATION_ADDED = "annotation.added"
     ATTEMPT_FAILED = "attempt.failed"
     AUDIT_CHECKPOINT = "audit.checkpoint"
     AUDIT_EXPORTED = "audit.exported"

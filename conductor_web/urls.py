@@ -30,10 +30,12 @@ urlpatterns = [
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
     path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (conductor_web.metrics)
     path("", include("routing.urls")),
+    path("", include("routing.review_urls")),
     path("api/training/", include("training.api_urls")),
     path("api/audit/", include("audit.api_urls")),
     path("api/audit/", include("routing.compliance_api_urls")),
     path("api/", include("routing.api_urls")),
+    path("api/", include("routing.review_api_urls")),
     path("audit/", include("audit.urls")),
     path("audit/", include("routing.compliance_urls")),
     path("training/", include("training.urls")),

@@ -413,6 +413,33 @@ class Step(models.Model):
 CONDUCTOR_SLUG = "conductor"
 
 
+class Annotation(models.Model):
+    """A reviewer's verdict on a run's answer, or on one of its steps: correct or wrong, with a short
+    label and a comment. Appended, never changed: a reviewer who changes their mind adds another (the
+    newest counts, routing.review). Recorded as `annotation.added`, which binds its values."""
+
+    class Verdict(models.TextChoices):
+        CORRECT = "correct", "Correct"
+        WRONG = "wrong", "Wrong"
+
+    run = models.ForeignKey(Run, related_name="annotations", on_delete=models.PROTECT, db_index=False)
+    step = models.ForeignKey(
+        "Step", null=True, blank=True, related_name="annotations", on_delete=models.PROTECT
+    )
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    label = models.CharField(max_length=60, blank=True, help_text="A short tag, e.g. arithmetic or format")
+    comment = models.TextField(blank=True)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    author_name = models.CharField(max_length=150, help_text="Copied so the record outlives the account")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "-id"], name="annotation_run_newest")]
+
+    def __str__(self) -> str:
+        return f"Annotation {self.pk} ({self.verdict}, run {self.run_id})"
+
+
 class Attempt(models.Model):
     """One provider call. Failed calls are kept: they can cost money and explain latency."""
 

@@ -19,7 +19,7 @@ from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold
 from audit.services import Actor, event_record
 
 from .compliance import holds_active
-from .models import Attempt, Decision, Run, RunStatus, Step, Task
+from .models import Annotation, Attempt, Decision, Run, RunStatus, Step, Task
 
 PURGED = "[deleted under the retention policy]"
 BATCH = 100  # tasks per transaction: bounded lock time and memory
@@ -100,6 +100,8 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
         )
         Attempt.objects.filter(step__run__task=task).update(error="")
         Run.objects.filter(task=task).update(final_answer=PURGED, error="")
+        # Reviewers' comments may quote what they reviewed; their verdicts and labels stay.
+        Annotation.objects.filter(run__task=task).exclude(comment="").update(comment=PURGED)
         Task.objects.filter(pk=task.pk).update(
             text=PURGED, reference=None, final_answer=PURGED, error="", purged_at=now
         )

@@ -14,13 +14,13 @@ from audit import params
 from audit.actions import Action
 from audit.models import AuditEvent, Role
 from audit.pagination import page
-from audit.roles import EVERYONE, role_required
+from audit.roles import EVERYONE, has_role, role_required
 from audit.services import record_viewed
 
-from . import analytics, ops, replay, selectors
+from . import analytics, ops, replay, review, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
-from .models import Attempt, DataClass, Run, RunStatus, StopReason, Task
+from .models import Annotation, Attempt, DataClass, Run, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
 from .services import SubmissionError, TaskSubmission, task_retry, task_submit
 
@@ -146,7 +146,16 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
     runs = list(task.runs.all())
     record_viewed(request=request, task=task, view="task page")
     return render(
-        request, "routing/task_detail.html", {"task": task, "runs": runs, "scored": scored_as(task, runs)}
+        request,
+        "routing/task_detail.html",
+        {
+            "task": task,
+            "runs": runs,
+            "scored": scored_as(task, runs),
+            "annotations": review.annotations_of(task),
+            "can_review": has_role(request, review.REVIEWERS),
+            "verdicts": Annotation.Verdict.choices,
+        },
     )
 
 

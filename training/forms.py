@@ -237,6 +237,10 @@ class DatasetBuildForm(forms.Form):
     format_term = forms.BooleanField(
         required=False, label="Format term (0 unparseable plan, 0.5 parsed but wrong, 1 correct)"
     )
+    human_labels = forms.BooleanField(
+        required=False,
+        label="Human labels first (a reviewer's verdict on a run, where there is one, in place of its score)",
+    )
     validation_fraction = forms.FloatField(
         min_value=0.0, max_value=0.9, initial=0.1, label="Validation fraction"
     )

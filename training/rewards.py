@@ -4,6 +4,8 @@ reward = correctness x term - cost_penalty_per_usd x cost of the run (USD)
 
 where the term is the run's score (1 right, 0 wrong), or with `format_term` the paper's shaped term:
 0 when the conductor's plan did not parse, 0.5 when it parsed but the answer is wrong, 1 when right.
+With `human_labels`, a run a reviewer marked correct or wrong (routing.review) is right or wrong by
+that verdict, whatever its scorer said; runs without a verdict keep their score.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ class RewardConfig:
     correctness: float = 1.0
     cost_penalty_per_usd: float = 0.0
     format_term: bool = False
+    human_labels: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> RewardConfig:
         data = dict(data or {})
-        unknown = set(data) - {"correctness", "cost_penalty_per_usd", "format_term"}
+        unknown = set(data) - {"correctness", "cost_penalty_per_usd", "format_term", "human_labels"}
         if unknown:
             raise ServiceError(f"unknown reward settings: {sorted(unknown)}")
         try:
             config = cls(
                 correctness=float(data.get("correctness", 1.0)),
                 cost_penalty_per_usd=float(data.get("cost_penalty_per_usd", 0.0)),
-                format_term=parse_bool(data.get("format_term", False)),
+                format_term=parse_bool(data.get("format_term", False), "format_term"),
+                human_labels=parse_bool(data.get("human_labels", False), "human_labels"),
             )
         except (TypeError, ValueError) as exc:
             raise ServiceError(f"reward settings: {exc}") from exc
@@ -46,12 +50,12 @@ class RewardConfig:
         return asdict(self)
 
 
-def parse_bool(value: Any) -> bool:
+def parse_bool(value: Any, name: str = "format_term") -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in {"true", "1", "yes", "on", "false", "0", "no", "off", ""}:
         return value.lower() in {"true", "1", "yes", "on"}
-    raise ValueError(f"format_term must be true or false, not {value!r}")
+    raise ValueError(f"{name} must be true or false, not {value!r}")
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,11 @@ class RewardInput(serializers.Serializer):
     correctness = serializers.FloatField(required=False, default=1.0)
     cost_penalty_per_usd = serializers.FloatField(required=False, default=0.0)
     format_term = serializers.BooleanField(required=False, default=False)
+    human_labels = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="A reviewer's verdict on a run, where there is one, in place of its score",
+    )
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if isinstance(data, dict) and set(data) - set(self.fields):

@@ -430,6 +430,7 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
                     "correctness": 1.0 if data["correctness"] is None else data["correctness"],
                     "cost_penalty_per_usd": data["cost_penalty_per_usd"],
                     "format_term": data["format_term"],
+                    "human_labels": data["human_labels"],
                 }
             )
             dataset = services.dataset_build(

@@ -77,6 +77,12 @@ def filter_select(name: str, options: Any, current: Any, any_label: str) -> dict
 
 
 @register.filter
+def item(mapping: Any, key: Any) -> Any:
+    """mapping[key], or None: a dict read by a key the template holds (`notes=annotations|item:run.pk`)."""
+    return mapping.get(key) if hasattr(mapping, "get") else None
+
+
+@register.filter
 def withheld_by_rule(checks: Any) -> list[dict[str, Any]]:
     """A plan's withheld workers by rule (audit.policies.withheld_by_rule)."""
     return policies.withheld_by_rule(checks)

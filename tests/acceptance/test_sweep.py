@@ -44,6 +44,7 @@ EVERYONE_ACTION_API = _row(403, 403, 405, 405, 405, 405)  # a POST action any ro
 POST_ONLY = _row(405, 405, 405, 405, 405, 405)
 OPEN = _row(200, 200, 200, 200, 200, 200)
 TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
+REVIEWERS = _row("login", 403, 200, 403, 200, 200)
 EVERYONE_TO_PAGE = _row("login", 403, 302, 302, 302, 302)  # a short address of a page any role reads
 
 # The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
@@ -59,6 +60,9 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:attempt-list": EVERYONE,
     "routing:ops": EVERYONE,
     "routing:analytics": EVERYONE,
+    "review:queue": REVIEWERS,
+    "review:annotate": POST_ONLY,
+    "annotation-list": EVERYONE_API,
     "training-api:job-list": TRAINING_READERS_API,
     "training-api:job-detail": TRAINING_READERS_API,
     "training-api:job-cancel": TRAINING_ACTION_API,
@@ -145,6 +149,13 @@ PARAM_KINDS: dict[str, str] = {
     "minutes": "int",
     "after": "int",
     "page_size": "int",
+    "state": "enum",
+    "kind": "enum",
+    "score": "enum",
+    "verdict": "enum",
+    "run": "int",
+    "step": "int",
+    "label": "text",
     "format": "not found",  # DRF: a renderer it does not have
     "cursor": "not found",  # DRF: a page it did not issue
     # Not filters: what they select is shown as such, and a value they cannot use is ignored.
@@ -201,6 +212,7 @@ def path_values(route: Route, record) -> dict[str, str]:
     values = {
         "task_id": str(record.tasks["static"]),
         "short_id": str(record.tasks["static"])[:8],
+        "run_id": str(_first_run_of(record.tasks["static"])),
         "pk": str(record.tasks["static"]),
         "job_id": str(record.jobs["finished"]),
         "dataset_id": str(record.dataset_id),
@@ -228,6 +240,12 @@ def path_values(route: Route, record) -> dict[str, str]:
     missing = [p for p in route.params if p not in values]
     assert not missing, f"the sweep cannot fill {missing} of {route.name}: add them to path_values()"
     return values
+
+
+def _first_run_of(task_id) -> int:
+    from routing.models import Run
+
+    return Run.objects.filter(task_id=task_id).order_by("pk").values_list("pk", flat=True)[0]
 
 
 def _version_names(record) -> dict[str, str]:

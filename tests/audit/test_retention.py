@@ -14,7 +14,8 @@ from audit.checkpoints import checkpoint_create
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LegalHold
 from audit.services import Actor, legal_hold_place, legal_hold_release
 from audit.verify import verify
-from routing.models import Attempt, Decision, Run, RunStatus, Step, Task, Worker
+from routing import review
+from routing.models import Annotation, Attempt, Decision, Run, RunStatus, Step, Task, Worker
 from routing.retention import PURGED, retention_purge
 from tests.audit.support import audit_verify, run_now, submit
 from tests.openai_server import Reply, plan_json
@@ -81,13 +82,21 @@ def assert_purged(task: Task) -> None:
     assert Run.objects.get(task=task).final_answer == PURGED
     assert not AuditEvent.objects.filter(chain=chain_of(task)).exists()
     # Nothing of its text, instructions or answers is left, in the record or in the task tables.
-    for table in ("audit_auditevent", "routing_task", "routing_run", "routing_decision", "routing_step"):
+    tables = ("audit_auditevent", "routing_task", "routing_run", "routing_decision", "routing_step")
+    for table in (*tables, "routing_annotation"):
         assert mentions(table, task.tag) == 0, f"{table} still holds the purged task's content"
 
 
 def test_a_task_past_its_retention_is_purged_and_the_record_still_verifies(finished, audit_files):
     kept = finished(days_ago=30)
     old = finished(days_ago=366)
+    # A reviewer's comment that quotes what it reviewed goes with the content; the verdict stays.
+    review.annotation_add(
+        verdict=review.Verdict(
+            run_id=Run.objects.get(task=old).pk, verdict="wrong", comment=f"says {old.tag}"
+        ),
+        user=None,
+    )
     name = chain_of(old)
     seal = AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", payload__chain=name)
     events_in_chain = AuditEvent.objects.filter(chain=name).count()
@@ -97,6 +106,7 @@ def test_a_task_past_its_retention_is_purged_and_the_record_still_verifies(finis
 
     assert [t.pk for t in purged] == [old.pk]
     assert_purged(old)
+    assert Annotation.objects.get(run__task=old).verdict == "wrong"
     assert_untouched(kept)
     purge = ChainPurge.objects.get()
     assert (purge.chain, purge.last_seq, purge.last_hash) == (name, seal.payload["seq"], seal.payload["hash"])

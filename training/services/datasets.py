@@ -20,16 +20,17 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import Exists, F, Max, OuterRef, QuerySet, TextField
+from django.db.models.functions import Cast, Coalesce
 from psycopg.adapt import Loader
 
 from audit.actions import Action
 from audit.services import Actor, event_record
+from routing import review
 from routing.conductors import LLMConductor
 from routing.engine.planning import plan_request, screened_workers
 from routing.limits import name_check
-from routing.models import ConductorVersion, Decision, Task
+from routing.models import Annotation, ConductorVersion, Decision, Task
 
 from ..models import Dataset, Rollout
 from ..rewards import RewardConfig, group_advantages, reward_of
@@ -129,6 +130,12 @@ def dataset_build(
         rollouts = rollouts.filter(run__created_at__lt=until)
     if items:
         rollouts = rollouts.filter(item__in=items)
+    # The correctness each sample is rewarded for: its score, or a reviewer's verdict where there is one.
+    human = review.human_score(run=OuterRef("run_id"))
+    human_labelled = Annotation.objects.filter(run=OuterRef("run_id"), step__isnull=True)
+    rollouts = rollouts.annotate(
+        score_used=Coalesce(human, F("run__score")) if reward_config.human_labels else F("run__score")
+    )
     with transaction.atomic():
         # One build of a name at a time: the next version number is read under this lock.
         with connection.cursor() as cursor:
@@ -164,6 +171,8 @@ def dataset_build(
                 "skipped_groups": built.groups - built.kept,
                 "ungraded_samples": built.ungraded,
             }
+            if reward_config.human_labels:
+                counts["human_labels"] = rollouts.filter(Exists(human_labelled)).count()
             dataset = Dataset.objects.create(
                 name=name,
                 version=version,
@@ -345,7 +354,7 @@ def _chunks(
         cost_text=Cast("run__cost_usd", TextField()),
     )
     inner, params = selected.values_list(
-        "item", "run_id", "run__score", "task_text", "cost_text"
+        "item", "run_id", "score_used", "task_text", "cost_text"
     ).query.sql_with_params()
     tasks_sql = _TASKS.format(task=Task._meta.db_table)
     # Both made here, used by the thread below through Django's wrappers (its errors, its query log).

@@ -1,0 +1,86 @@
+"""The API of review (routing.review): verdicts on runs and steps, listed and recorded."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from audit import params
+from audit.filters import RuleFilter, StrictFilterSet, choice
+from audit.pagination import StrictCursorPagination
+from audit.roles import EVERYONE
+
+from . import review
+from .models import Annotation
+
+
+class AnnotationOutput(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(source="run.task_id", read_only=True)
+
+    class Meta:
+        model = Annotation
+        fields = ["id", "run", "task_id", "step", "verdict", "label", "comment", "author_name", "created_at"]
+
+
+class AnnotationInput(serializers.Serializer):
+    run = serializers.IntegerField(min_value=1)
+    step = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    verdict = serializers.ChoiceField(choices=Annotation.Verdict.choices)
+    label = serializers.CharField(max_length=review.LABEL_MAX, required=False, allow_blank=True, default="")
+    comment = serializers.CharField(
+        max_length=review.COMMENT_MAX, required=False, allow_blank=True, default="", trim_whitespace=False
+    )
+
+
+class AnnotationFilter(StrictFilterSet):
+    """Read with the project's strict rules: a bad value is refused with its reason (400)."""
+
+    run = RuleFilter(partial(params.integer, minimum=1, maximum=2**63 - 1))
+    step = RuleFilter(partial(params.integer, minimum=1, maximum=2**63 - 1))
+    task = RuleFilter(params.uuid, field_name="run__task_id")
+    verdict = choice(Annotation.Verdict.values)
+    label = RuleFilter(params.text)
+
+    class Meta:
+        model = Annotation
+        fields: list[str] = []
+
+
+class NewestFirst(StrictCursorPagination):
+    ordering = ("-id",)
+
+
+class AnnotationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Reviewers' verdicts, the newest first. Any role reads them; auditors and ML staff record them."""
+
+    required_roles = {"GET": EVERYONE, "POST": review.REVIEWERS}
+    queryset = Annotation.objects.select_related("run")
+    serializer_class = AnnotationOutput
+    filterset_class = AnnotationFilter
+    pagination_class = NewestFirst
+
+    @extend_schema(
+        request=AnnotationInput,
+        responses={201: AnnotationOutput},
+        description="Mark a run's answer (or, with `step`, one step's) correct or wrong, with a label and a "
+        "comment; recorded as an `annotation.added` audit event. The newest verdict on a run is its human label.",
+    )
+    def create(self, request: Request) -> Response:
+        data = AnnotationInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        annotation = review.annotation_add(
+            verdict=review.Verdict(
+                run_id=values["run"],
+                verdict=values["verdict"],
+                label=values["label"],
+                comment=values["comment"],
+                step_id=values.get("step"),
+            ),
+            user=request.user,
+        )
+        return Response(AnnotationOutput(annotation).data, status=status.HTTP_201_CREATED)

@@ -1,0 +1,78 @@
+"""The reviewers' pages: the review queue, and recording a verdict from a task's page."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from audit import params
+from audit.pagination import StrictCursorPagination, page
+from audit.roles import role_required
+
+from . import review
+from .filters import worker_slugs
+from .models import Annotation, Run
+
+
+class QueueCursorPagination(StrictCursorPagination):
+    """Ended runs, the newest first."""
+
+    ordering = ("-id",)
+    page_size = 50
+
+
+@role_required(*review.REVIEWERS)
+def review_queue(request: HttpRequest) -> HttpResponse:
+    filters = {
+        "state": params.choice(request.GET, "state", (review.WAITING, review.REVIEWED, review.ALL))
+        or review.WAITING,
+        "worker": params.choice(request.GET, "worker", worker_slugs()),
+        "kind": params.choice(request.GET, "kind", Run.Kind.values),
+        "score": params.choice(request.GET, "score", review.SCORES),
+        "verdict": params.choice(request.GET, "verdict", Annotation.Verdict.values),
+    }
+    rows, next_page = page(request, review.review_queue(**filters), QueueCursorPagination)
+    return render(
+        request,
+        "routing/review_queue.html",
+        {
+            "runs": rows,
+            "next_page": next_page,
+            "filters": filters,
+            "states": [(review.REVIEWED, "Reviewed"), (review.ALL, "All")],  # the default: waiting
+            "workers": worker_slugs(),
+            "kinds": Run.Kind.choices,
+            "scores": [("right", "Scored right"), ("wrong", "Scored wrong"), ("unscored", "Not scored")],
+            "verdicts": Annotation.Verdict.choices,
+        },
+    )
+
+
+@require_POST
+@role_required(*review.REVIEWERS)
+def annotate(request: HttpRequest, run_id: int) -> HttpResponse:
+    """A verdict from the task page's review form; back to the run on its task's page."""
+    step = request.POST.get("step", "")
+    verdict = review.Verdict(
+        run_id=run_id,
+        verdict=request.POST.get("verdict", ""),
+        label=request.POST.get("label", ""),
+        comment=request.POST.get("comment", ""),
+        step_id=int(step) if step.isdecimal() and len(step) < 19 else None,
+    )
+    try:
+        annotation = review.annotation_add(verdict=verdict, user=request.user)
+    except review.NoSuchRun as exc:
+        messages.error(request, f"Not recorded: {exc}")
+        return redirect("review:queue")
+    except review.ReviewError as exc:
+        messages.error(request, f"Not recorded: {exc}")
+    else:
+        messages.success(
+            request, f"Recorded: run {run_id} marked {annotation.get_verdict_display().lower()}."
+        )
+    task_id = Run.objects.filter(pk=run_id).values_list("task_id", flat=True).first()
+    return redirect(f"{reverse('routing:task-detail', args=[task_id])}#run-{run_id}")
