@@ -457,8 +457,8 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
 @require_POST
 @role_required(*WRITERS)
 def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
-    """Promote a version; from an evaluation's page, only once its deltas were confirmed (they go
-    into the audit event)."""
+    """Promote a version, once its form's box was ticked (from an evaluation's page: its deltas
+    confirmed, which go into the audit event)."""
     version = get_object_or_404(ConductorVersion, pk=version_id)
     evaluation = None
     back = redirect("training:home")
@@ -466,9 +466,12 @@ def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
     if evaluation_id is not None:
         evaluation = get_object_or_404(Evaluation, pk=evaluation_id, candidate=version)
         back = redirect("training:evaluation", evaluation_id=evaluation.pk)
-        if not _confirmed(request):
-            messages.error(request, "Not promoted: confirm the deltas first.")
-            return back
+    if not _confirmed(request):
+        messages.error(
+            request,
+            "Not promoted: confirm the deltas first." if evaluation else "Not promoted: confirm it first.",
+        )
+        return back
     try:
         services.conductor_promote(
             version=version,

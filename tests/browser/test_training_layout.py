@@ -202,14 +202,15 @@ def test_the_versions_table_keeps_names_and_notes_readable_beside_the_actions(pa
 
 
 def test_the_format_term_checkbox_sits_beside_its_label(page: Page, log_in):
-    """The dataset form's checkbox stood alone above its label, which the stacked form's labels put on a
+    """The dataset form's checkboxes stood alone above their labels, which the stacked form's labels put on a
     line of their own."""
     page.set_viewport_size({"width": WIDTH, "height": 900})
     log_in("mira", Role.ML_STAFF)
     page.goto("/training/")
-    box = page.locator("#dataset-form input[type=checkbox]").bounding_box()
-    label = page.locator("#dataset-form label[for$=format_term]").evaluate(
-        "(el) => { const r = el.getClientRects()[0]; return {x: r.x + window.scrollX, y: r.y + window.scrollY}; }"
-    )
-    assert box and label["x"] > box["x"] + box["width"] - 1, (box, label)  # its first line to the box's right
-    assert label["y"] < box["y"] + box["height"], (box, label)  # on the box's line
+    for name in ("format_term", "human_labels"):
+        box = page.locator(f"#dataset-form input[name$={name}]").bounding_box()
+        label = page.locator(f"#dataset-form label[for$={name}]").evaluate(
+            "(el) => { const r = el.getClientRects()[0]; return {x: r.x + window.scrollX, y: r.y + window.scrollY}; }"
+        )
+        assert box and label["x"] > box["x"] + box["width"] - 1, (name, box, label)  # to the box's right
+        assert label["y"] < box["y"] + box["height"], (name, box, label)  # on the box's line

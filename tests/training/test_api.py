@@ -386,7 +386,12 @@ def test_a_dataset_from_finished_rollouts(ml, make_user, replay_pool, var_dir):
         "groups_with_signal": 1,
         "reward_spread_mean": 1.0,
     }
-    assert dataset.reward_config == {"correctness": 1.0, "cost_penalty_per_usd": 0.0, "format_term": True}
+    assert dataset.reward_config == {
+        "correctness": 1.0,
+        "cost_penalty_per_usd": 0.0,
+        "format_term": True,
+        "human_labels": False,
+    }
     assert dataset.filter["batch_ids"] == [batch_id] and dataset.filter["conductor_version"] == version.name
     detail = ml.get(f"{API}datasets/{dataset.pk}/").data
     assert detail["content_hash"] == dataset.content_hash and detail["counts"] == dataset.counts

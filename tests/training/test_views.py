@@ -394,7 +394,12 @@ def test_the_dataset_form_checks_the_validation_fraction_and_builds_a_dataset_wi
         "training:dataset", args=[dataset.pk]
     )
     assert (dataset.name, dataset.version, dataset.created_by.username) == ("grpo", 1, "mira")
-    assert dataset.reward_config == {"correctness": 1.0, "cost_penalty_per_usd": 5.0, "format_term": True}
+    assert dataset.reward_config == {
+        "correctness": 1.0,
+        "cost_penalty_per_usd": 5.0,
+        "format_term": True,
+        "human_labels": False,
+    }
     assert dataset.filter["batch_ids"] == [batch.pk] and dataset.filter["min_group_size"] == 3
     assert dataset.counts["groups"] == 1 and dataset.counts["completions"] == 3
     assert dataset.source_run_ids == sorted(r.pk for r in runs)
@@ -454,7 +459,12 @@ def test_promote_shadow_and_rollback_go_through_the_services(ml):
     candidate.refresh_from_db()
     assert not candidate.is_shadow
 
-    response = ml.post(reverse("training:promote", args=[candidate.pk]))
+    # Promote from the versions table asks for its box too, as roll back does.
+    unconfirmed = ml.post(reverse("training:promote", args=[candidate.pk]), follow=True)
+    assert "Not promoted: confirm it first." in " ".join(str(m) for m in unconfirmed.context["messages"])
+    assert conductor_active().pk == baseline.pk
+    assert 'name="confirm" value="yes" required' in ml.get(reverse("training:home")).content.decode()
+    response = ml.post(reverse("training:promote", args=[candidate.pk]), {"confirm": "yes"})
     assert response.status_code == 302 and response["Location"] == reverse("training:home")
     assert conductor_active().pk == candidate.pk
 
