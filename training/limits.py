@@ -19,16 +19,15 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import Avg, Count, Q
+from django.db.models import Q
 
-from routing.models import ConductorVersion, Run, RunStatus
+from routing.estimates import FINISHED_RUN, mean_cost
+from routing.models import ConductorVersion, Run
 
 MAX_RUNS_PER_REQUEST = 2000
 EVALUATION_SIDES = 2  # the candidate and the baseline each plan every item
 OFFLINE_KINDS = (Run.Kind.ROLLOUT, Run.Kind.EVALUATION)
-FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 USD_PLACES = Decimal("0.0001")
-RUN_USD_PLACES = Decimal("0.000001")
 
 
 def max_queued_runs_per_user() -> int:
@@ -102,26 +101,6 @@ def queued_runs_check(user: Any, runs: int) -> None:
 
 
 # --- the estimate shown before starting ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MeanCost:
-    usd: Decimal  # per run
-    basis: str  # what the mean is over, in words
-
-
-def mean_cost(version: ConductorVersion) -> MeanCost | None:
-    """The mean cost of `version`'s finished runs; without any, that of all finished runs; else None."""
-    own = Run.objects.filter(conductor_version=version, status__in=FINISHED_RUN)
-    found = own.aggregate(mean=Avg("cost_usd"), n=Count("id"))
-    where = f"{version.name}'s {found['n']:,} finished runs"
-    if not found["n"]:
-        found = Run.objects.filter(status__in=FINISHED_RUN).aggregate(mean=Avg("cost_usd"), n=Count("id"))
-        where = f"all {found['n']:,} finished runs ({version.name} has none)"
-    if not found["n"]:
-        return None
-    mean = Decimal(found["mean"])
-    return MeanCost(usd=mean, basis=f"the mean cost of {where}, ${mean.quantize(RUN_USD_PLACES)} a run")
 
 
 @dataclass(frozen=True)
