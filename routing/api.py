@@ -1,4 +1,4 @@
-"""The API's task and worker endpoints (DRF viewsets): submit with an idempotency key, list with filters and a cursor, read one task whole."""
+"""The API's task and worker endpoints (DRF viewsets): submit with an idempotency key, list with filters and a cursor, read one task whole; and runs compared side by side."""
 
 from __future__ import annotations
 
@@ -8,15 +8,22 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from audit.models import Role
 from audit.roles import EVERYONE
 from audit.services import record_viewed
 
-from . import limits, selectors
+from . import compare, limits, selectors
 from .filters import TaskFilter
 from .models import Task
-from .serializers import TaskDetailOutput, TaskListOutput, TaskSubmitInput, WorkerOutput
+from .serializers import (
+    RunComparisonOutput,
+    TaskDetailOutput,
+    TaskListOutput,
+    TaskSubmitInput,
+    WorkerOutput,
+)
 from .services import TaskSubmission, task_retry, task_submit
 
 ONE_TASK = ("retrieve", "retry")  # actions on the task named by its id, whatever the list's filters
@@ -112,3 +119,36 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     def get_queryset(self):
         return selectors.worker_list()
+
+
+class RunCompareView(APIView):
+    """Two to four runs side by side, as the compare page shows them (routing.compare)."""
+
+    required_roles = {"GET": EVERYONE}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                compare.RUN_PARAM,
+                int,
+                many=True,
+                required=True,
+                explode=True,
+                description=f"A run id; {compare.MIN_RUNS} to {compare.MAX_RUNS} of them: ?run=12&run=15",
+            )
+        ],
+        responses={
+            200: RunComparisonOutput,
+            400: OpenApiResponse(
+                description="Fewer than two or more than four run ids, one given twice, or an id that is no run"
+            ),
+        },
+        description="The runs' conductors, outcomes, plans (steps aligned by position), answers, costs, "
+        "latencies and tokens, row by row, each row saying whether it differs between the runs. "
+        "Recorded as a view of each run's task.",
+    )
+    def get(self, request: Request) -> Response:
+        runs = compare.runs_for_compare(compare.run_ids(request.query_params))
+        for task in {run.task_id: run.task for run in runs}.values():
+            record_viewed(request=request, task=task, view="run comparison (api)")
+        return Response(RunComparisonOutput(compare.compare_runs(runs)).data)

@@ -1,15 +1,19 @@
-"""The API's shapes: what a task submission takes, and a task, run, decision, step, attempt and worker as read."""
+"""The API's shapes: what a task submission takes, a task, run, decision, step, attempt and worker as
+read, and runs compared side by side."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audit.chain import run_chain
 from audit.models import ChainHead
 from routing.scoring.scorers import SCORER_CHOICES
 
-from . import limits
+from . import compare, limits
 from .models import Attempt, ConductorVersion, DataClass, Decision, Run, Step, Task, Worker
 from .plans import visible_indices
 
@@ -237,3 +241,47 @@ class ConductorVersionOutput(serializers.ModelSerializer):
     class Meta:
         model = ConductorVersion
         fields = ["name", "backend", "is_active", "created_at", "notes"]
+
+
+# --- Runs side by side (routing.compare) ----------------------------------------------------------
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"nullable": True, "oneOf": [{"type": "string"}, {"type": "number"}]},
+        "description": "One value per run, in the order of `runs`; null where the run has none "
+        "(a step it lacks). Money is a decimal string.",
+    }
+)
+class ComparedValues(serializers.Field):
+    def to_representation(self, values):
+        return [str(v) if isinstance(v, Decimal) else v for v in values]
+
+
+class ComparisonRowOutput(serializers.Serializer):
+    field = serializers.CharField()
+    label = serializers.CharField()
+    kind = serializers.ChoiceField(choices=list(compare.KINDS), help_text="How the values read")
+    differs = serializers.BooleanField(help_text="The runs' values are not all equal")
+    values = ComparedValues(read_only=True)
+
+
+class ComparisonSectionOutput(serializers.Serializer):
+    key = serializers.CharField(help_text='"run", "plan", or a step by its position: "step-0", "step-1.0"')
+    title = serializers.CharField()
+    differs = serializers.BooleanField()
+    rows = ComparisonRowOutput(many=True)
+
+
+class ComparedRunOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    task_id = serializers.UUIDField()
+    kind = serializers.CharField()
+
+
+class RunComparisonOutput(serializers.Serializer):
+    runs = ComparedRunOutput(many=True)
+    rows = serializers.IntegerField(help_text="How many rows the comparison has")
+    differing = serializers.IntegerField(help_text="How many of them differ between the runs")
+    sections = ComparisonSectionOutput(many=True)

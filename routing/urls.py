@@ -1,8 +1,8 @@
-"""The operators' pages: tasks, a task and its graph, workers, provider calls, the overview, analytics."""
+"""The operators' pages: tasks, a task and its graph, runs side by side, workers, provider calls, the overview, analytics."""
 
 from django.urls import path, re_path
 
-from . import views
+from . import compare_views, views
 
 app_name = "routing"
 
@@ -14,6 +14,7 @@ urlpatterns = [
     re_path(r"^tasks/(?P<short_id>[0-9a-f]{8})/$", views.task_by_short_id, name="task-short"),
     path("tasks/<uuid:task_id>/graph/", views.task_graph, name="task-graph"),
     path("tasks/<uuid:task_id>/retry/", views.task_retry_view, name="task-retry"),
+    path("runs/compare/", compare_views.run_compare, name="run-compare"),
     path("workers/", views.worker_list, name="worker-list"),
     path("attempts/", views.attempt_list, name="attempt-list"),
     path("ops/", views.ops_overview, name="ops"),

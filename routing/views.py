@@ -17,7 +17,7 @@ from audit.pagination import page
 from audit.roles import EVERYONE, has_role, role_required
 from audit.services import record_viewed
 
-from . import analytics, ops, replay, review, selectors
+from . import analytics, compare, ops, replay, review, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
 from .models import Annotation, Attempt, DataClass, Run, RunStatus, StopReason, Task
@@ -155,6 +155,7 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
             "annotations": review.annotations_of(task),
             "can_review": has_role(request, review.REVIEWERS),
             "verdicts": Annotation.Verdict.choices,
+            "compare_url": compare.compare_link(runs),
         },
     )
 
