@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -56,6 +56,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:task-short": EVERYONE_TO_PAGE,
     "routing:task-graph": EVERYONE,
     "routing:task-retry": POST_ONLY,
+    "routing:run-compare": EVERYONE,
     "routing:worker-list": EVERYONE,
     "routing:attempt-list": EVERYONE,
     "routing:ops": EVERYONE,
@@ -85,6 +86,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "task-retry": EVERYONE_ACTION_API,
     "worker-list": EVERYONE_API,
     "worker-detail": EVERYONE_API,
+    "run-compare": EVERYONE_API,
     "api-root": EVERYONE_API,
     "audit-api:event-list": AUDITORS_API,
     "audit-api:export-jsonl": AUDITORS_API,
@@ -146,6 +148,7 @@ PARAM_KINDS: dict[str, str] = {
     "object_type": "text",
     "vendor": "text",
     "task": "uuid",
+    "run": "run id",  # the runs compared: each a run's id, 2 to 4 of them
     "minutes": "int",
     "after": "int",
     "page_size": "int",
@@ -177,6 +180,7 @@ HOSTILE: dict[str, list[str]] = {
     "int": ["abc", "9" * 40, "-99", "1e9"],
     "text": ["x" * 600, "a\x01b"],
     "uuid": ["not-a-uuid", "zz" * 18],
+    "run id": ["abc", "9" * 40, "-99", "1e9", "0"],
 }
 NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
 # Values a route must accept (200): every valid date used to answer 500.
@@ -254,8 +258,18 @@ def _version_names(record) -> dict[str, str]:
     return {k: ConductorVersion.objects.get(pk=pk).name for k, pk in record.versions.items()}
 
 
+def route_query(route: Route, record) -> str:
+    """The query string a route needs to show what it is for: the compare routes compare the shadowed
+    task's live run with its shadow run."""
+    if route.name in ("routing:run-compare", "run-compare"):
+        return urlencode([("run", record.runs["shadowed"]), ("run", record.runs["shadow"])])
+    return ""
+
+
 def route_path(route: Route, record) -> str:
-    return fill(route, path_values(route, record))
+    path = fill(route, path_values(route, record))
+    query = route_query(route, record)
+    return f"{path}?{query}" if query else path
 
 
 def outcome(response) -> int | str:
@@ -397,8 +411,9 @@ def recording(settings):
     settings.MIDDLEWARE = ["tests.acceptance.crawl.RecordQueryParameters", *settings.MIDDLEWARE]
 
 
-def _query(name: str, value: str) -> str:
-    return f"{quote(name)}={quote(value, safe='')}"
+def _query(path: str, name: str, value: str) -> str:
+    """`path` with name=value added to its query string."""
+    return f"{path}{'&' if '?' in path else '?'}{quote(name)}={quote(value, safe='')}"
 
 
 @pytest.mark.parametrize("route", MAIN_ROUTES, ids=lambda r: r.name)
@@ -412,7 +427,7 @@ def test_hostile_query_strings_are_refused_with_a_reason(route, record, identiti
     assert not unknown, f"{route.name} reads {sorted(unknown)}: add them to PARAM_KINDS with their kind"
     for name in sorted(asked | {"zz"}):
         for value in NUL_VALUES:
-            response = client.get(f"{path}?{_query(name, value)}")
+            response = client.get(_query(path, name, value))
             read(response)
             assert response.status_code == 400, f"{path}?{name}={value!r}: {response.status_code}"
     if plain.status_code != 200:
@@ -420,7 +435,7 @@ def test_hostile_query_strings_are_refused_with_a_reason(route, record, identiti
     for name in sorted(asked):
         kind = PARAM_KINDS[name]
         for value in HOSTILE[kind]:
-            response = client.get(f"{path}?{_query(name, value)}")
+            response = client.get(_query(path, name, value))
             body = read(response)
             where = f"{path}?{name}={value[:40]!r}: {response.status_code}"
             if kind in ("flag", "prefill"):
@@ -431,7 +446,7 @@ def test_hostile_query_strings_are_refused_with_a_reason(route, record, identiti
                 assert response.status_code == 400, where
                 assert name.encode() in body, f"{path}?{name}=...: the 400 does not name the parameter"
         for value in VALID.get(kind, []):
-            response = client.get(f"{path}?{_query(name, value)}")
+            response = client.get(_query(path, name, value))
             read(response)
             assert response.status_code == 200, f"{path}?{name}={value!r}: {response.status_code}"
 
