@@ -44,9 +44,12 @@ def execute(run: Run) -> Run:
 
 @pytest.fixture
 def shadowed(live_pool) -> tuple[Run, Run]:
+    return live_and_shadow(live_pool["server"])
+
+
+def live_and_shadow(server) -> tuple[Run, Run]:
     """A live run (alpha drafts, gamma checks) and the shadow run beside it (alpha alone, the same
     first step), executed by the engine."""
-    server = live_pool["server"]
     llm_conductor(server, "llm-shadow", "shadow", is_shadow=True)
     server.program(
         "conductor",
