@@ -156,7 +156,6 @@ PARAM_KINDS: dict[str, str] = {
     "kind": "enum",
     "score": "enum",
     "verdict": "enum",
-    "run": "int",
     "step": "int",
     "label": "text",
     "format": "not found",  # DRF: a renderer it does not have
