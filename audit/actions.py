@@ -74,3 +74,4 @@ class Action(StrEnum):
     WORKER_ENDPOINT_CHANGED = "worker.endpoint_changed"
     WORKER_REGISTERED = "worker.registered"
     WORKER_UPDATED = "worker.updated"
+    VIEW_SAVED = "view.saved"

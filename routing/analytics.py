@@ -12,7 +12,7 @@ from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
-from audit import csv_safe
+from audit import csv_safe, params
 
 from . import rollups
 from .models import Run, RunRollup, RunStatus, UsageRollup
@@ -30,6 +30,7 @@ class Filters:
     until: datetime
     classification: str = ""
     conductor: str = ""
+    bucket: str = ""  # "hour" or "day" as chosen; "" for what the window calls for (bucket_name)
 
     def _narrow(self, qs: QuerySet[Any], *, days: bool = True) -> QuerySet[Any]:
         qs = rollups.window(qs, self.since, self.until, days=days).filter(run_kind__in=OPERATIONAL_KINDS)
@@ -53,13 +54,31 @@ def default_filters(*, days: int = 7) -> Filters:
     return Filters(since=now - timedelta(days=days), until=now + timedelta(minutes=1))
 
 
+# The time charts' buckets: (label, truncation, seconds) by the name `bucket=` chooses.
+BUCKETS = {"hour": ("hourly", TruncHour, 3600), "day": ("daily", TruncDay, 86400)}
+HOURLY_UP_TO = timedelta(days=2)  # the longest window charted by the hour unless hours are chosen
+HOURLY_AT_MOST = timedelta(days=31)  # the longest window hours may be chosen for (744 buckets)
+
+
+def bucket_name(f: Filters) -> str:
+    """The bucket chosen, else hours over a window of up to two days and days over a longer one.
+    Hours chosen over more than 31 days are refused (InvalidParameter): too many points to read."""
+    if f.bucket == "hour" and f.until - f.since > HOURLY_AT_MOST:
+        raise params.InvalidParameter(
+            "bucket", "hourly buckets cover at most 31 days: choose day, or a shorter period"
+        )
+    if f.bucket:
+        return f.bucket
+    return "hour" if f.until - f.since <= HOURLY_UP_TO else "day"
+
+
 def _bucket(f: Filters):
-    return TruncHour if f.until - f.since <= timedelta(days=3) else TruncDay
+    return BUCKETS[bucket_name(f)][1]
 
 
 def bucket_seconds(f: Filters) -> int:
-    """The length of the time charts' buckets: an hour, or a day over more than three days."""
-    return 3600 if _bucket(f) is TruncHour else 86400
+    """The length of the time charts' buckets, in seconds."""
+    return BUCKETS[bucket_name(f)][2]
 
 
 def cost_over_time(f: Filters, *, by: str) -> list[dict[str, Any]]:

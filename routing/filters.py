@@ -50,6 +50,10 @@ class TaskFilter(StrictFilterSet):
         method="search",
         label="a task id or its first characters (as pages show it), or words of the task (web-search syntax)",
     )
+    since = moment(field_name="created_at", lookup_expr="gte", label="submitted at or after (a zone, or UTC)")
+    until = moment(
+        end=True, field_name="created_at", lookup_expr="lt", label="submitted before (a zone, or UTC)"
+    )
 
     class Meta:
         model = Task

@@ -2,12 +2,14 @@
 
 from django.urls import path, re_path
 
-from . import compare_views, views
+from . import compare_views, saved_views, views
 
 app_name = "routing"
 
 urlpatterns = [
     path("", views.task_list, name="task-list"),
+    path("views/", saved_views.saved_view_create, name="view-save"),
+    path("views/<int:view_id>/", saved_views.saved_view_open, name="view-open"),
     path("tasks/new/", views.task_submit_view, name="task-submit"),
     path("tasks/<uuid:task_id>/", views.task_detail, name="task-detail"),
     # The 8-character id the pages show: the task it names, or the list of those it could name.

@@ -17,7 +17,7 @@ from audit.pagination import page
 from audit.roles import EVERYONE, has_role, role_required
 from audit.services import record_viewed
 
-from . import analytics, compare, ops, replay, review, selectors
+from . import analytics, compare, ops, replay, review, saved_views, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs
 from .forms import TaskSubmitForm
 from .models import Annotation, Attempt, DataClass, Run, RunStatus, StopReason, Task
@@ -30,8 +30,21 @@ def task_list(request: HttpRequest) -> HttpResponse:
     tasks = TaskFilter(request.GET, selectors.task_list())
     rows, next_page = page(request, selectors.with_answerers(tasks.qs), CreatedCursorPagination)
     applied = tasks.form.cleaned_data
-    names = ("q", "status", "classification", "source", "worker", "vendor", "conductor", "stop")
+    names = (
+        "q",
+        "status",
+        "classification",
+        "source",
+        "worker",
+        "vendor",
+        "conductor",
+        "stop",
+        "since",
+        "until",
+    )
     shown = {"q": "search", "stop": "failure"}
+    view_query = request.GET.copy()
+    view_query.pop("cursor", None)
     return render(
         request,
         "routing/task_list.html",
@@ -52,6 +65,8 @@ def task_list(request: HttpRequest) -> HttpResponse:
                 for name in names
                 if applied.get(name)
             ],
+            "view_query": view_query.urlencode(),
+            "saved_views": saved_views.visible_views(request.user),
         },
     )
 
@@ -253,7 +268,9 @@ def analytics_page(request: HttpRequest) -> HttpResponse:
         until=until or base.until,
         classification=params.choice(request.GET, "classification", DataClass.values),
         conductor=params.choice(request.GET, "conductor", conductors),
+        bucket=params.choice(request.GET, "bucket", analytics.BUCKETS),
     )
+    bucket = analytics.bucket_name(filters)  # a bucket that does not fit the period: refused here
     chart = params.choice(request.GET, "chart", ANALYTICS_CHARTS)
     if chart:
         response = HttpResponse(analytics.as_csv(ANALYTICS_CHARTS[chart](filters)), content_type="text/csv")
@@ -266,6 +283,8 @@ def analytics_page(request: HttpRequest) -> HttpResponse:
         {
             "data": data,
             "bucket_s": analytics.bucket_seconds(filters),
+            "bucket_label": analytics.BUCKETS[bucket][0],
+            "buckets": [(name, label) for name, (label, _, _) in analytics.BUCKETS.items()],
             "filters": filters,
             "classes": DataClass.choices,
             "conductors": conductors,

@@ -51,6 +51,8 @@ EVERYONE_TO_PAGE = _row("login", 403, 302, 302, 302, 302)  # a short address of 
 # (`/api/tasks.json`) answer as their route does.
 EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:task-list": EVERYONE,
+    "routing:view-save": POST_ONLY,
+    "routing:view-open": EVERYONE_TO_PAGE,
     "routing:task-submit": OPERATORS,
     "routing:task-detail": EVERYONE,
     "routing:task-short": EVERYONE_TO_PAGE,
@@ -136,6 +138,7 @@ PARAM_KINDS: dict[str, str] = {
     "status": "enum",
     "classification": "enum",
     "chart": "enum",
+    "bucket": "enum",
     "conductor": "enum",
     "stop": "enum",
     "q": "text",
@@ -240,6 +243,8 @@ def path_values(route: Route, record) -> dict[str, str]:
         values["name"] = record.job_artifacts[record.jobs["finished"]][0]
     elif route.name == "training:dataset-file":
         values["name"] = record.dataset_files[0]
+    if "view_id" in route.params:
+        values["view_id"] = str(_shared_view_id())
     missing = [p for p in route.params if p not in values]
     assert not missing, f"the sweep cannot fill {missing} of {route.name}: add them to path_values()"
     return values
@@ -263,6 +268,14 @@ def route_query(route: Route, record) -> str:
     if route.name in ("routing:run-compare", "run-compare"):
         return urlencode([("run", record.runs["shadowed"]), ("run", record.runs["shadow"])])
     return ""
+
+
+def _shared_view_id() -> int:
+    """A view of the task list shared with everyone who reads tasks."""
+    from routing.models import SavedView
+
+    view, _ = SavedView.objects.get_or_create(name="Queued tasks", shared=True, query="status=queued")
+    return view.pk
 
 
 def route_path(route: Route, record) -> str:
@@ -519,6 +532,7 @@ def test_hostile_form_bodies_never_fail_the_server(route, record, identities):
 MAY_POST: dict[str, tuple[str, ...]] = {
     "routing:task-submit": ("operator",),
     "task-list": ("operator",),
+    "routing:view-save": ("auditor", "operator", "ML staff"),
     "compliance:hold": (),
     "audit:verify": ("auditor",),
     "audit:tokens": ("auditor", "operator", "ML staff"),  # each their own tokens

@@ -1,0 +1,104 @@
+"""Saved views of the task list: a set of its filters under a name, opened (and shared) by URL.
+
+Saving is a state change: the view and its audit event are one transaction. Its query is read by the
+task list's own filter (routing.filters.TaskFilter) before it is stored, so a view opens the list it
+was saved from or is refused, with the reason, when saved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from audit import params
+from audit.actions import Action
+from audit.roles import EVERYONE, role_required
+from audit.services import Actor, event_record
+
+from .filters import TaskFilter
+from .hashing import content_hash
+from .models import SavedView, Task
+
+NOT_FILTERS = ("cursor",)  # a page of the list, not what it selects
+
+
+def saved_query(query: str) -> str:
+    """`query` as a view stores it: the task list's filters only, each given once and valid."""
+    if len(query) > SavedView.QUERY_MAX:
+        raise params.InvalidParameter("query", f"is longer than {SavedView.QUERY_MAX} characters")
+    data = QueryDict(query, mutable=True)
+    for name in NOT_FILTERS:
+        data.pop(name, None)
+    unknown = sorted(set(data) - set(TaskFilter.base_filters))
+    if unknown:
+        raise params.InvalidParameter("query", f"{', '.join(unknown)}: not a filter of the task list")
+    repeated = sorted(name for name in data if len(data.getlist(name)) > 1)
+    if repeated:
+        raise params.InvalidParameter("query", f"{', '.join(repeated)}: given more than once")
+    TaskFilter(data, Task.objects.none()).is_valid()  # a bad value: InvalidParameter, with its reason
+    return data.urlencode()
+
+
+def view_save(*, user: Any, name: str, query: str, shared: bool) -> SavedView:
+    """Store a view of the task list (its audit event in the same transaction)."""
+    name = params.text({"name": name}, "name", max_length=SavedView.NAME_MAX)
+    if not name:
+        raise params.InvalidParameter("name", "is required: name the view")
+    query = saved_query(query)
+    with transaction.atomic():
+        view = SavedView.objects.create(name=name, owner=user, query=query, shared=shared)
+        event_record(
+            actor=Actor.for_user(user),
+            action=Action.VIEW_SAVED,
+            obj=view,
+            # The filters by name; the query itself by its hash: a search may quote a task's words.
+            payload={
+                "name": name,
+                "shared": shared,
+                "filters": sorted(QueryDict(query)),
+                "query_sha256": content_hash(query),
+            },
+        )
+    return view
+
+
+def visible_views(user: Any) -> QuerySet[SavedView]:
+    """The views a user may open: their own, and those shared."""
+    return SavedView.objects.filter(Q(owner=user) | Q(shared=True)).select_related("owner")
+
+
+def list_url(query: str) -> str:
+    url = reverse("routing:task-list")
+    return f"{url}?{query}" if query else url
+
+
+@require_POST
+@role_required(*EVERYONE)
+def saved_view_create(request: HttpRequest) -> HttpResponse:
+    view = view_save(
+        user=request.user,
+        name=request.POST.get("name", ""),
+        query=request.POST.get("query", ""),
+        shared=request.POST.get("shared") == "on",
+    )
+    messages.success(request, f"Saved the view {view.name!r}: its address is {reverse_view(view)}.")
+    return redirect(list_url(view.query))
+
+
+@role_required(*EVERYONE)
+def saved_view_open(request: HttpRequest, view_id: int) -> HttpResponse:
+    view = visible_views(request.user).filter(pk=view_id).first()
+    if view is None:
+        raise Http404("No such view")
+    return redirect(list_url(view.query))
+
+
+def reverse_view(view: SavedView) -> str:
+    return reverse("routing:view-open", args=[view.pk])
