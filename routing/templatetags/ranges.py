@@ -21,6 +21,8 @@ RANGED_PAGES = (
     ("vendor exposure", "compliance:vendors", True),
 )
 
+RANGED_VIEWS = {name for _, name, _ in RANGED_PAGES}
+
 
 @register.inclusion_tag("routing/_range.html", takes_context=True)
 def range_picker(context) -> dict[str, Any]:
@@ -38,6 +40,10 @@ def range_picker(context) -> dict[str, Any]:
 
 @register.simple_tag(takes_context=True)
 def ranged_url(context, name: str) -> str:
-    """The URL of the page named `name`, keeping the range of this page's query string."""
+    """The URL of the page named `name`, keeping the range of this page's query string when this page
+    is one whose window follows the range (it reads and checks it); other pages' queries are not read."""
     request = context.get("request")
-    return ranges.with_range(reverse(name), request.GET if request is not None else {})
+    match = getattr(request, "resolver_match", None)
+    if match is None or match.view_name not in RANGED_VIEWS:
+        return reverse(name)
+    return ranges.with_range(reverse(name), request.GET)
