@@ -60,9 +60,10 @@ def test_static_learned_and_llm_decisions(record: Record):
     decision = Decision.objects.get(run=learned, depth=0)
     assert decision.backend == "learned" and decision.version_name == "learned-v1"
     policy = Policy.from_json(Path(learned.conductor_version.config["policy_path"]).read_text())
-    workflows = {a.name for a in policy.actions}
+    workflows = {a.name.lower() for a in policy.actions}  # as the policy names them, in any case
     candidates = decision.alternatives[0]["candidates"]
-    assert candidates and {c["workflow"] for c in candidates} <= workflows
+    assert candidates and {c["workflow"].lower() for c in candidates} <= workflows
+    assert [c.get("chosen") for c in candidates][:1] == [True]  # what it chose comes first
 
     llm = run_of(record, "llm")
     assert llm.status == RunStatus.SUCCEEDED and llm.score == 1.0
