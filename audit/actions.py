@@ -52,6 +52,7 @@ class Action(StrEnum):
     STEP_SKIPPED = "step.skipped"
     STEP_STARTED = "step.started"
     STEP_SUCCEEDED = "step.succeeded"
+    TASK_PLAYGROUND_RUN = "task.playground_run"
     TASK_PURGED = "task.purged"
     TASK_RETRIED = "task.retried"
     TASK_SUBMITTED = "task.submitted"

@@ -31,6 +31,7 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (conductor_web.metrics)
     path("", include("routing.urls")),
     path("", include("routing.review_urls")),
+    path("", include("routing.playground_urls")),
     path("api/training/", include("training.api_urls")),
     path("api/audit/", include("audit.api_urls")),
     path("api/audit/", include("routing.compliance_api_urls")),

@@ -54,6 +54,11 @@ def call_cost(worker: Worker, instruction: str) -> MeanCost:
     usd = (prompt_tokens * worker.input_usd_per_mtok + output_tokens * worker.output_usd_per_mtok) / MTOK
     return MeanCost(
         usd=usd.quantize(RUN_USD_PLACES),
-        basis=f"about {prompt_tokens:,} prompt tokens at ${worker.input_usd_per_mtok}/M and {said} at "
-        f"${worker.output_usd_per_mtok}/M",
+        basis=f"about {prompt_tokens:,} prompt tokens at {per_mtok(worker.input_usd_per_mtok)} and {said} at "
+        f"{per_mtok(worker.output_usd_per_mtok)}",
     )
+
+
+def per_mtok(price: Decimal) -> str:
+    """A price per million tokens as people write it: $0.5/M, not $0.5000000000/M."""
+    return f"${format(price.normalize(), 'f')}/M"

@@ -241,6 +241,7 @@ class Run(models.Model):
         SHADOW = "shadow", "Shadow"
         ROLLOUT = "rollout", "Rollout"
         EVALUATION = "evaluation", "Evaluation"
+        PLAYGROUND = "playground", "Playground"  # a user's variation, beside the task's own runs
 
     # Indexed by run_task_created (task, newest first): no index of its own.
     task = models.ForeignKey(Task, related_name="runs", on_delete=models.PROTECT, db_index=False)

@@ -62,6 +62,7 @@ KIND_GROUPS: dict[
     Run.Kind.SHADOW: "shadow",
     Run.Kind.ROLLOUT: "rollout",
     Run.Kind.EVALUATION: "evaluation",
+    Run.Kind.PLAYGROUND: "playground",
 }
 LIVE = "live"  # the group of user traffic: a task's live run and its retries
 LIVE_KINDS = tuple(kind for kind, group in KIND_GROUPS.items() if group == LIVE)

@@ -22,6 +22,7 @@ from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_
 from .forms import TaskSubmitForm
 from .models import Annotation, Attempt, DataClass, Run, RunStatus, StopReason, Task
 from .pagination import AttemptCursorPagination, CreatedCursorPagination
+from .playground import PLAYERS
 from .services import SubmissionError, TaskSubmission, task_retry, task_submit
 
 
@@ -169,6 +170,7 @@ def task_detail(request: HttpRequest, task_id) -> HttpResponse:
             "scored": scored_as(task, runs),
             "annotations": review.annotations_of(task),
             "can_review": has_role(request, review.REVIEWERS),
+            "can_play": has_role(request, PLAYERS),
             "verdicts": Annotation.Verdict.choices,
             "compare_url": compare.compare_link(runs),
         },

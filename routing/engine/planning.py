@@ -196,6 +196,10 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
         feedback = decision.error
         last_blocked = decision.blocked_by
         if run.plan_override and parent_step is None:
+            if last_blocked:  # it names a worker a rule withholds: stopped by the policy, as any plan
+                raise RunStopped(
+                    f"the given plan was blocked; {feedback}", stop_reason=StopReason.POLICY_BLOCKED
+                )
             raise RunStopped(f"the given plan is invalid: {feedback}", stop_reason=StopReason.INVALID_PLAN)
     if last_blocked:
         raise RunStopped(

@@ -45,6 +45,7 @@ POST_ONLY = _row(405, 405, 405, 405, 405, 405)
 OPEN = _row(200, 200, 200, 200, 200, 200)
 TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
 REVIEWERS = _row("login", 403, 200, 403, 200, 200)
+PLAYERS = _row("login", 403, 403, 200, 200, 200)
 EVERYONE_TO_PAGE = _row("login", 403, 302, 302, 302, 302)  # a short address of a page any role reads
 
 # The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
@@ -64,6 +65,7 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "routing:ops": EVERYONE,
     "routing:analytics": EVERYONE,
     "review:queue": REVIEWERS,
+    "playground:page": PLAYERS,
     "review:annotate": POST_ONLY,
     "annotation-list": EVERYONE_API,
     "training-api:job-list": TRAINING_READERS_API,
@@ -159,6 +161,8 @@ PARAM_KINDS: dict[str, str] = {
     "kind": "enum",
     "score": "enum",
     "verdict": "enum",
+    "mode": "enum",
+    "instruction": "prefill",  # the playground's instruction: any text is one to edit
     "step": "int",
     "label": "text",
     "format": "not found",  # DRF: a renderer it does not have
