@@ -6,6 +6,8 @@ What the task page and the dossier show as fact about a task is bound to an even
 - its totals to its runs' (each run's bound to its own chain), its answer and score to its own runs'
   (the live run's, or the retry's that answered after it);
 - its rows of the exposure map (a rollup) to the vendors its steps and judges reached;
+- its reviewers' verdicts (routing.review) to their `annotation.added` events: verdict, label, run,
+  step and the comment's hash (a purge deletes comments), and every recorded verdict to its row;
 - a purge (`purged_at`, after which its content is gone) to a `task.purged` event of the global chain
   and a signed ChainPurge for each of its run chains, and what the purge kept (who was called, at what
   vendor, for what cost) to what that event recorded.
@@ -13,6 +15,7 @@ What the task page and the dossier show as fact about a task is bound to an even
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -24,9 +27,9 @@ from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge
 from audit.verify import Problem
 
 from .hashing import content_hash
-from .models import PendingRollup, Run, RunStatus, Step, StepStatus, Task, TaskExposure
+from .models import Annotation, PendingRollup, Run, RunStatus, Step, StepStatus, Task, TaskExposure
 from .record_check import differs
-from .retention import kept_after_purge
+from .retention import PURGED, kept_after_purge
 
 BATCH = 200  # tasks per round trip in a full verification
 OWN = (Run.Kind.LIVE, Run.Kind.RETRY)  # the runs that answer for their task
@@ -140,6 +143,34 @@ def _exposure_problems(
             )
 
 
+def _review_problems(
+    task: Task, annotations: list[Annotation], recorded: list[AuditEvent]
+) -> Iterator[Problem]:
+    rows = {str(a.pk): a for a in annotations}
+    for event in recorded:
+        annotation = rows.pop(event.object_id, None)
+        if annotation is None:
+            yield Problem("row", event.pk, event.chain, event.seq, f"annotation {event.object_id} is gone")
+            continue
+        p = event.payload
+        shown = {
+            "verdict": annotation.verdict,
+            "label": annotation.label,
+            "run_id": annotation.run_id,
+            "step_id": annotation.step_id,
+        }
+        for name, value in shown.items():
+            if p.get(name) != value:
+                yield differs(event, f"annotation {annotation.pk}'s {name}", p.get(name), value)
+        comment = hashlib.sha256(annotation.comment.encode()).hexdigest()
+        if p.get("comment_sha256") != comment and not (task.purged_at and annotation.comment == PURGED):
+            yield differs(
+                event, f"annotation {annotation.pk}'s comment (sha256)", p.get("comment_sha256"), comment
+            )
+    for pk in rows:
+        yield _task_problem(task, f"annotation {pk}: no annotation.added event records it")
+
+
 def _check(tasks: list[Task]) -> Iterator[Problem]:
     ids = [t.pk for t in tasks]
     runs: dict[uuid.UUID, list[Run]] = defaultdict(list)
@@ -176,12 +207,19 @@ def _check(tasks: list[Task]) -> Iterator[Problem]:
         action__in=[Action.TASK_SUBMITTED, Action.TASK_PURGED],
     ).order_by("id"):
         events.setdefault((event.action, event.object_id), event)
+    annotations: dict[uuid.UUID, list[Annotation]] = defaultdict(list)
+    for annotation in Annotation.objects.filter(run__task_id__in=ids).select_related("run").order_by("pk"):
+        annotations[annotation.run.task_id].append(annotation)
+    reviewed: dict[uuid.UUID, list[AuditEvent]] = defaultdict(list)
+    for event in AuditEvent.objects.filter(task_id__in=ids, action=Action.ANNOTATION_ADDED).order_by("id"):
+        reviewed[event.task_id].append(event)
     chains = [run_chain(r.correlation_id) for rs in runs.values() for r in rs]
     purged = set(ChainPurge.objects.filter(chain__in=chains).values_list("chain", flat=True))
     for task in tasks:
         own = [r for r in runs[task.pk] if r.kind in OWN]
         chain = run_chain(own[0].correlation_id) if own else GLOBAL_CHAIN
         submitted = events.get((Action.TASK_SUBMITTED, str(task.pk)))
+        yield from _review_problems(task, annotations[task.pk], reviewed[task.pk])
         if task.purged_at is not None:
             yield from _purge_problems(
                 task, runs[task.pk], events.get((Action.TASK_PURGED, str(task.pk))), purged

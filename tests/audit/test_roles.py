@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent, LegalHold
 from audit.roles import token_create
-from routing.models import Task, Worker
+from routing.models import SavedView, Task, Worker
 from routing.services import TaskSubmission, task_submit
 
 pytestmark = pytest.mark.django_db
@@ -37,9 +37,10 @@ METHODS = {
     "audit:verify": ["GET", "POST"],
     "routing:task-submit": ["GET", "POST"],
     "routing:task-retry": ["POST"],  # the task has not failed: refused with a message, on its page
+    "routing:view-save": ["POST"],
 }
 # Values for the URL parameters; a new parameter name must be added here.
-SAMPLES = {"task_id": ["<task>"], "fmt": ["csv", "jsonl"]}
+SAMPLES = {"task_id": ["<task>"], "fmt": ["csv", "jsonl"], "short_id": ["<short>"], "view_id": ["<view>"]}
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def _namespace(namespace: str) -> list[URLPattern]:
 
 def _expand(pattern: URLPattern) -> list[tuple[tuple[str, str], ...]]:
     combos: list[tuple[tuple[str, str], ...]] = [()]
-    for name in pattern.pattern.converters:
+    # A path's converters, or a regular expression's named groups (re_path).
+    for name in pattern.pattern.converters or pattern.pattern.regex.groupindex:
         if name not in SAMPLES:
             raise AssertionError(f"{pattern.name}: add a sample value for the URL parameter {name!r}")
         combos = [(*c, (name, value)) for c in combos for value in SAMPLES[name]]
@@ -144,16 +146,24 @@ def login_as(who: str, make_user, client: Client) -> None:
     client.force_login(user)
 
 
+def shared_view() -> str:
+    view, _ = SavedView.objects.get_or_create(name="Queued tasks", shared=True, query="status=queued")
+    return str(view.pk)
+
+
 def call(client: Client, route: Route, task: Task):
     if route.api:
         path = route.path.replace("<task>", str(task.pk))
     else:
-        kwargs = {k: (str(task.pk) if v == "<task>" else v) for k, v in route.kwargs}
+        samples = {"<task>": lambda: str(task.pk), "<short>": lambda: str(task.pk)[:8], "<view>": shared_view}
+        kwargs = {k: (samples[v]() if v in samples else v) for k, v in route.kwargs}
         path = reverse(route.name, kwargs=kwargs)
     data = {}
     if route.method == "POST":
         if route.name == "compliance:hold":
             data = {"reason": "inquiry 7"}
+        elif route.name == "routing:view-save":
+            data = {"name": "Queued", "query": "status=queued"}
         elif route.api or route.name == "routing:task-submit":
             data = {"text": "What is 2 + 2?", "classification": "internal"}
     if route.api:
