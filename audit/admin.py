@@ -28,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.shortcuts import resolve_url
 from django.urls import reverse
+from django.utils.html import escape
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from . import policies, user_events
@@ -161,10 +162,9 @@ class PolicyRuleForm(forms.ModelForm):
             if field not in self.fields:
                 continue  # read-only (a role that may only view)
             base = self.fields[field].help_text
-            self.fields[
-                field
-            ].help_text = (
-                f"{base + '. ' if base else ''}Comma-separated; known: {policies.listed(field, known)}"
+            self.fields[field].help_text = (
+                # The admin renders help text as HTML: the workers' vendors and regions are escaped.
+                f"{base + '. ' if base else ''}Comma-separated; known: {escape(policies.listed(field, known))}"
             )
         if "name" in self.fields:
             self.fields[

@@ -23,6 +23,10 @@ class MeanCost:
     usd: Decimal  # per run
     basis: str  # what the mean is over, in words
 
+    def shown(self) -> MeanCost:
+        """To the micro-dollar, as a page shows one run's cost."""
+        return MeanCost(self.usd.quantize(RUN_USD_PLACES), self.basis)
+
 
 def mean_cost(version: ConductorVersion) -> MeanCost | None:
     """The mean cost of `version`'s finished runs; without any, that of all finished runs; else None."""

@@ -62,7 +62,15 @@ class Prepared:
         if self.plan is None:
             return f"conductor {self.version.name} plans it"
         step = self.plan["steps"][0]
-        return f"{step['worker']} answers {'the task' if step['instruction'] == self.task.text else 'an edited instruction'}"
+        edited = _normalised(step["instruction"]) != _normalised(self.task.text)
+        return f"{step['worker']} answers {'an edited instruction' if edited else 'the task'}"
+
+    @property
+    def fingerprint(self) -> str:
+        """What would run (the conductor, or the plan), as the form shows it priced: posted back with
+        "Run it", so that what runs is what was priced, whatever else finished meanwhile."""
+        what = {"conductor": self.version.name} if self.plan is None else {"plan": self.plan["steps"]}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def prepare(variation: Variation) -> Prepared:
@@ -83,11 +91,12 @@ def prepare(variation: Variation) -> Prepared:
         version = ConductorVersion.objects.filter(name=variation.conductor).first()
         if version is None:
             raise PlaygroundError(f"there is no conductor version {variation.conductor!r}")
-        return Prepared(task, version, None, mean_cost(version), step)
+        mean = mean_cost(version)
+        return Prepared(task, version, None, mean.shown() if mean else None, step)
     worker = Worker.objects.filter(slug=variation.worker, enabled=True).first()
     if worker is None:
         raise PlaygroundError(f"there is no enabled worker {variation.worker!r}")
-    instruction = variation.instruction.replace("\r\n", "\n").strip() or task.text
+    instruction = _normalised(variation.instruction) or task.text
     if "\x00" in instruction:
         raise PlaygroundError("the instruction contains a NUL character, which cannot be stored")
     try:
@@ -107,8 +116,10 @@ def prepare(variation: Variation) -> Prepared:
 def playground_run(*, variation: Variation, user: Any, estimated_usd: Decimal | None) -> Run:
     """Start the variation as a new run of its task (kind playground), with its `task.playground_run`
     event (what was changed, the estimate shown), queued when the transaction commits."""
-    prepared = prepare(variation)
     with transaction.atomic():
+        # Checked under the task's lock: a purge (which takes it) cannot slip in between.
+        Task.objects.select_for_update().filter(pk=variation.task_id).first()
+        prepared = prepare(variation)
         run = Run.objects.create(
             task=prepared.task,
             conductor_version=prepared.version,
@@ -116,6 +127,7 @@ def playground_run(*, variation: Variation, user: Any, estimated_usd: Decimal | 
             plan_override=json.dumps(prepared.plan) if prepared.plan is not None else "",
         )
         instruction = prepared.plan["steps"][0]["instruction"] if prepared.plan else ""
+        edited = bool(instruction) and _normalised(instruction) != _normalised(prepared.task.text)
         event_record(
             actor=Actor.for_user(user),
             action=Action.TASK_PLAYGROUND_RUN,
@@ -127,10 +139,15 @@ def playground_run(*, variation: Variation, user: Any, estimated_usd: Decimal | 
                 "conductor": prepared.version.name if prepared.plan is None else "",
                 "worker": variation.worker,
                 "instruction_sha256": hashlib.sha256(instruction.encode()).hexdigest() if instruction else "",
-                "instruction_edited": bool(instruction) and instruction != prepared.task.text,
+                "instruction_edited": edited,
                 "from_step": prepared.step.pk if prepared.step else None,
                 "estimated_usd": None if estimated_usd is None else str(estimated_usd),
             },
         )
         transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
     return run
+
+
+def _normalised(text: str) -> str:
+    """Text as a browser's form sends it back: line breaks as LF, ends stripped."""
+    return text.replace("\r\n", "\n").strip()

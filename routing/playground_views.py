@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from audit import params
 from audit.roles import role_required
+from audit.services import record_viewed
 
 from . import playground
 from .models import ConductorVersion, Step, Task, Worker
@@ -56,13 +57,14 @@ def playground_page(request: HttpRequest, task_id) -> HttpResponse:
             error = str(exc)
         if prepared is not None and request.POST.get("action") == "run":
             shown = _shown_estimate(request.POST.get("estimated_usd", ""))
-            now = prepared.estimate.usd if prepared.estimate else None
-            if shown != now:  # the form was changed after its cost was shown: show the new cost first
+            if request.POST.get("priced") != prepared.fingerprint:  # changed after its cost was shown
                 error = "what would run changed since its cost was shown; check the new cost below"
             else:
                 run = playground.playground_run(variation=variation, user=request.user, estimated_usd=shown)
                 messages.success(request, f"Playground run {run.pk} is queued: {prepared.described}.")
                 return redirect(f"{reverse('routing:task-detail', args=[task.pk])}#run-{run.pk}")
+    if request.method == "GET":
+        record_viewed(request=request, task=task, view="playground")
     step = Step.objects.filter(pk=variation.step_id, run__task=task).first() if variation.step_id else None
     return render(
         request,

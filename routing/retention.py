@@ -100,6 +100,8 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
         )
         Attempt.objects.filter(step__run__task=task).update(error="")
         Run.objects.filter(task=task).update(final_answer=PURGED, error="")
+        # A plan given to a run (a playground's, a trainer's sample) holds the task's words too.
+        Run.objects.filter(task=task).exclude(plan_override="").update(plan_override=PURGED)
         # Reviewers' comments may quote what they reviewed; their verdicts and labels stay.
         Annotation.objects.filter(run__task=task).exclude(comment="").update(comment=PURGED)
         Task.objects.filter(pk=task.pk).update(

@@ -62,12 +62,14 @@ def annotation_add(*, verdict: Verdict, user: Any) -> Annotation:
     if "\x00" in label + comment:
         raise ReviewError("a label or comment cannot hold a NUL character")
     with transaction.atomic():
-        run = Run.objects.select_related("task").filter(pk=verdict.run_id).first()
+        run = Run.objects.filter(pk=verdict.run_id).first()
         if run is None:
             raise NoSuchRun(f"there is no run {verdict.run_id}")
+        # Read under the task's lock: a purge (which takes it) cannot slip in between.
+        task = Task.objects.select_for_update().get(pk=run.task_id)
         if run.status not in ENDED:
             raise ReviewError(f"run {run.pk} has not ended ({run.status}): review it once it has")
-        if run.task.purged_at is not None:
+        if task.purged_at is not None:
             raise ReviewError("its content was deleted under the retention policy: nothing to review")
         step = None
         if verdict.step_id is not None:
@@ -156,9 +158,20 @@ def review_queue(
     return runs
 
 
-def annotations_of(task: Task) -> dict[int, list[Annotation]]:
-    """A task's annotations by run, newest first."""
+@dataclass(frozen=True)
+class RunReview:
+    """A run's verdicts, newest first, and which of them is its label (the newest on the whole run)."""
+
+    annotations: list[Annotation]
+    label_id: int | None
+
+
+def annotations_of(task: Task) -> dict[int, RunReview]:
+    """A task's verdicts by run."""
     by_run: dict[int, list[Annotation]] = {}
     for a in Annotation.objects.filter(run__task=task).select_related("step").order_by("-id"):
         by_run.setdefault(a.run_id, []).append(a)
-    return by_run
+    return {
+        run_id: RunReview(notes, next((a.pk for a in notes if a.step_id is None), None))
+        for run_id, notes in by_run.items()
+    }

@@ -26,13 +26,15 @@ class QueueCursorPagination(StrictCursorPagination):
 
 @role_required(*review.REVIEWERS)
 def review_queue(request: HttpRequest) -> HttpResponse:
+    verdict = params.choice(request.GET, "verdict", Annotation.Verdict.values)
     filters = {
+        # A verdict asked for is one given: those runs are reviewed, not waiting.
         "state": params.choice(request.GET, "state", (review.WAITING, review.REVIEWED, review.ALL))
-        or review.WAITING,
+        or (review.REVIEWED if verdict else review.WAITING),
         "worker": params.choice(request.GET, "worker", worker_slugs()),
         "kind": params.choice(request.GET, "kind", Run.Kind.values),
         "score": params.choice(request.GET, "score", review.SCORES),
-        "verdict": params.choice(request.GET, "verdict", Annotation.Verdict.values),
+        "verdict": verdict,
     }
     rows, next_page = page(request, review.review_queue(**filters), QueueCursorPagination)
     return render(

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_POST
 
 from audit import params
 from audit.actions import Action
+from audit.params import InvalidParameter
 from audit.roles import EVERYONE, role_required
 from audit.services import Actor, event_record
 
@@ -82,12 +83,19 @@ def list_url(query: str) -> str:
 @require_POST
 @role_required(*EVERYONE)
 def saved_view_create(request: HttpRequest) -> HttpResponse:
-    view = view_save(
-        user=request.user,
-        name=request.POST.get("name", ""),
-        query=request.POST.get("query", ""),
-        shared=request.POST.get("shared") == "on",
-    )
+    """Save the list's filters under a name; refused (nothing stored), back to the list with the reason:
+    the list as it was when only the name was wrong, else the plain list (its query is what was wrong)."""
+    query = request.POST.get("query", "")
+    try:
+        view = view_save(
+            user=request.user,
+            name=request.POST.get("name", ""),
+            query=query,
+            shared=request.POST.get("shared") == "on",
+        )
+    except InvalidParameter as exc:
+        messages.error(request, f"Not saved: {exc.detail}")
+        return redirect(list_url(query if exc.name == "name" else ""))
     messages.success(request, f"Saved the view {view.name!r}: its address is {reverse_view(view)}.")
     return redirect(list_url(view.query))
 

@@ -83,10 +83,12 @@ class LearnedConductor:
             )
         elif gated:
             learned = max(range(len(fitting)), key=lambda n: among[n])
-            plan["thought"] += (
-                f"; the best fixed workflow for kind {kind}: the policy's own first choice, "
-                f"{named[fitting[learned]].name} ({among[learned]:.2f}), did not beat it in cross-validation"
-            )
+            plan["thought"] += f"; the best fixed workflow for kind {kind}"
+            if fitting[learned] != chosen:  # the policy would have chosen another: say which, and why not
+                plan["thought"] += (
+                    f": the policy's own first choice, {named[fitting[learned]].name} ({among[learned]:.2f}), "
+                    "did not beat it in cross-validation"
+                )
         else:
             plan["thought"] += (
                 f" (the policy's probability for this workflow among the {len(fitting)} open to this "

@@ -135,7 +135,9 @@ def _job_banner(job: TrainingJob) -> str:
 def _evaluation_banner(evaluation: Evaluation, sides: list[dict[str, Any]]) -> str:
     """The sentence at the top of an evaluation's page: what it is doing now (it follows the status)."""
     name = f"Evaluation #{evaluation.pk}"
-    if evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+    if evaluation.status == JobStatus.QUEUED:
+        return f"{name} is queued: its runs start when a worker takes it."
+    if evaluation.status == JobStatus.RUNNING:
         done = sum(row.get("n") or 0 for row in sides)
         total = sum(row.get("total") or 0 for row in sides)
         if total and done >= total:

@@ -242,7 +242,7 @@ def test_the_live_tiles_count_live_traffic_and_show_training_apart(client, make_
     assert data["live"]["succeeded"] == 1 and data["throughput_per_min"] == pytest.approx(1 / 5)
     assert data["spend_usd"] == Decimal("0.001")  # the live call's 1000 tokens at $1.00 per 1M
     other = {row["group"]: row for row in data["other"]}
-    assert list(other) == ["shadow", "rollout", "evaluation"]
+    assert list(other) == ["shadow", "rollout", "evaluation", "playground"]
     assert (other["rollout"]["runs"], other["rollout"]["spend_usd"]) == (2, Decimal("0.006"))
     assert (other["shadow"]["runs"], other["evaluation"]["runs"]) == (0, 0)
     assert sum(row["other_spend_usd"] for row in data["timeline"]) == Decimal("0.006")

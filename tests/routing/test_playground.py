@@ -5,14 +5,17 @@ as a run of its own that never answers for the task."""
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from audit.models import AuditEvent, PolicyRule, Role
+from audit.services import Actor
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
-from routing.retention import PURGED
+from routing.retention import PURGED, task_purge
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
 
@@ -28,6 +31,13 @@ def finished(live_pool):
     run = run_now(submit("What is 6 * 7?"))
     assert run.status == RunStatus.SUCCEEDED
     return run
+
+
+def shown(preview: str) -> dict[str, str]:
+    """What the preview's form posts back with "Run it": the cost shown and what it priced."""
+    return {
+        name: re.search(rf'name="{name}" value="([^"]*)"', preview)[1] for name in ("estimated_usd", "priced")
+    }
 
 
 def session(make_user, name: str, *roles: str) -> Client:
@@ -51,13 +61,15 @@ def test_a_step_rerun_with_another_worker_and_an_edited_instruction_is_priced_au
     assert '<option value="beta" selected>' in form and ">Check it</textarea>" in form
     asked = {"mode": "worker", "worker": "gamma", "instruction": "Check <b>it</b> twice", "step": step.pk}
     preview = operator.post(url, {**asked, "action": "preview"}).content.decode()
-    shown = preview.split('name="estimated_usd" value="')[1].split('"')[0]
-    assert Decimal(shown) > 0 and "prompt tokens at $" in preview and "0000/M" not in preview
+    priced = shown(preview)
+    assert (
+        Decimal(priced["estimated_usd"]) > 0 and "prompt tokens at $" in preview and "0000/M" not in preview
+    )
     assert "Check &lt;b&gt;it&lt;/b&gt; twice" in preview  # the instruction is escaped
     assert not Run.objects.filter(kind=Run.Kind.PLAYGROUND).exists()  # a preview runs nothing
 
     server.program("gamma", [Reply("43")])
-    started = operator.post(url, {**asked, "action": "run", "estimated_usd": shown})
+    started = operator.post(url, {**asked, "action": "run", **priced})
 
     run = Run.objects.get(kind=Run.Kind.PLAYGROUND)
     assert started.status_code == 302 and started["Location"] == f"/tasks/{task.pk}/#run-{run.pk}"
@@ -68,12 +80,30 @@ def test_a_step_rerun_with_another_worker_and_an_edited_instruction_is_priced_au
     assert event.actor_name == "olga" and event.correlation_id == run.correlation_id
     assert event.payload["run_id"] == run.pk and event.payload["worker"] == "gamma"
     assert event.payload["from_step"] == step.pk and event.payload["instruction_edited"] is True
-    assert event.payload["estimated_usd"] == shown
+    assert event.payload["estimated_usd"] == priced["estimated_usd"]
     run = run_now(run)
     assert run.status == RunStatus.SUCCEEDED and run.final_answer == "43"
     assert server.requests_for("gamma")[-1].user_text.endswith("Check <b>it</b> twice")
     task.refresh_from_db()
     assert task.final_answer == "42" and task.status == RunStatus.SUCCEEDED  # the task's own answer stays
+    # Its plan holds the task's words: a purge deletes it with the rest of the content.
+    task_purge(task=task, actor=Actor.service("retention"), now=timezone.now())
+    assert Run.objects.get(pk=run.pk).plan_override == PURGED
+
+
+def test_an_untouched_instruction_of_several_lines_is_not_an_edit(live_pool, make_user):
+    run = run_now(submit("Line one\r\nline two\n"))
+    operator = session(make_user, "olga", Role.OPERATOR)
+    url = f"/tasks/{run.task_id}/playground/"
+    as_sent = {
+        "mode": "worker",
+        "worker": "gamma",
+        "instruction": "Line one\r\nline two",
+    }  # a textarea's CRLF
+
+    preview = operator.post(url, {**as_sent, "action": "preview"}).content.decode()
+
+    assert "gamma answers the task" in preview
 
 
 def test_another_conductor_plans_the_task_as_a_playground_run(finished, live_pool, make_user):
@@ -85,9 +115,8 @@ def test_another_conductor_plans_the_task_as_a_playground_run(finished, live_poo
     asked = {"mode": "conductor", "conductor": "other-llm"}
 
     preview = ml.post(url, {**asked, "action": "preview"}).content.decode()
-    shown = preview.split('name="estimated_usd" value="')[1].split('"')[0]
     assert "conductor other-llm plans it" in preview.lower() and "mean cost of all 1 finished runs" in preview
-    ml.post(url, {**asked, "action": "run", "estimated_usd": shown})
+    ml.post(url, {**asked, "action": "run", **shown(preview)})
 
     run = Run.objects.get(kind=Run.Kind.PLAYGROUND)
     assert run.conductor_version == other and run.plan_override == ""
@@ -110,7 +139,8 @@ def test_variations_that_cannot_run_are_refused_with_the_reason_and_start_nothin
         assert response.status_code == 400 and reason in response.content.decode(), reason
     # A form changed after its cost was shown: the new cost is shown, nothing runs.
     changed = operator.post(
-        url, {"mode": "worker", "worker": "gamma", "action": "run", "estimated_usd": "0.000001"}
+        url,
+        {"mode": "worker", "worker": "gamma", "action": "run", "estimated_usd": "0.1", "priced": "beta's"},
     )
     assert "changed since its cost was shown" in changed.content.decode()
     assert not Run.objects.filter(kind=Run.Kind.PLAYGROUND).exists()
@@ -131,13 +161,8 @@ def test_a_worker_a_policy_withholds_is_blocked_in_the_playground_as_anywhere(fi
     operator = session(make_user, "olga", Role.OPERATOR)
     url = f"/tasks/{finished.task_id}/playground/"
     asked = {"mode": "worker", "worker": "gamma"}  # gamma's vendor is globex
-    shown = (
-        operator.post(url, {**asked, "action": "preview"})
-        .content.decode()
-        .split('name="estimated_usd" value="')[1]
-        .split('"')[0]
-    )
-    operator.post(url, {**asked, "action": "run", "estimated_usd": shown})
+    preview = operator.post(url, {**asked, "action": "preview"}).content.decode()
+    operator.post(url, {**asked, "action": "run", **shown(preview)})
 
     run = run_now(Run.objects.get(kind=Run.Kind.PLAYGROUND))
 

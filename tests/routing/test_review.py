@@ -139,6 +139,7 @@ def test_the_queue_lists_runs_waiting_for_a_verdict_and_filters_them(two_runs, m
     assert f"#run-{good.pk}" in reviewed and f"#run-{bad.pk}" not in reviewed
     assert "verdict-wrong" in reviewed
     assert f"#run-{good.pk}" in listed(state="all", verdict="wrong")
+    assert f"#run-{good.pk}" in listed(verdict="wrong")  # a verdict asked for: the reviewed runs
     assert f"#run-{good.pk}" not in listed(state="all", verdict="correct")
     assert f"#run-{good.pk}" in listed(state="all", worker="beta")
     assert f"#run-{bad.pk}" not in listed(state="all", worker="beta")
