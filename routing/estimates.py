@@ -8,9 +8,8 @@ from decimal import Decimal
 
 from django.db.models import Avg, Count
 
-from .models import ConductorVersion, Run, RunStatus, Step, StepStatus, Worker
+from .models import RUN_ENDED, ConductorVersion, Run, Step, StepStatus, Worker
 
-FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 RUN_USD_PLACES = Decimal("0.000001")
 CHARS_PER_TOKEN = 4  # English text, as tokenizers of these models cut it, near enough for an estimate
 PROMPT_OVERHEAD_TOKENS = 50  # the messages around an instruction (roles, the system line)
@@ -30,11 +29,11 @@ class MeanCost:
 
 def mean_cost(version: ConductorVersion) -> MeanCost | None:
     """The mean cost of `version`'s finished runs; without any, that of all finished runs; else None."""
-    own = Run.objects.filter(conductor_version=version, status__in=FINISHED_RUN)
+    own = Run.objects.filter(conductor_version=version, status__in=RUN_ENDED)
     found = own.aggregate(mean=Avg("cost_usd"), n=Count("id"))
     where = f"{version.name}'s {found['n']:,} finished runs"
     if not found["n"]:
-        found = Run.objects.filter(status__in=FINISHED_RUN).aggregate(mean=Avg("cost_usd"), n=Count("id"))
+        found = Run.objects.filter(status__in=RUN_ENDED).aggregate(mean=Avg("cost_usd"), n=Count("id"))
         where = f"all {found['n']:,} finished runs ({version.name} has none)"
     if not found["n"]:
         return None

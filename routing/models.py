@@ -152,6 +152,9 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+RUN_ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED)  # a run in either will not change again
+
+
 class StopReason(models.TextChoices):
     """Why a run failed (Run.stop_reason): the run-level error kinds, beside a provider call's."""
 

@@ -26,7 +26,7 @@ from .errors import ServiceError
 from .estimates import MeanCost, call_cost, mean_cost
 from .limits import text_length_check
 from .models import ConductorVersion, Run, Step, Task, Worker
-from .services import run_enqueue
+from .services import conductor_active, run_enqueue
 
 PLAYERS = (Role.OPERATOR, Role.ML_STAFF)  # admins pass every role check
 
@@ -107,10 +107,7 @@ def prepare(variation: Variation) -> Prepared:
         "thought": f"playground: {worker.slug} answers, as a user asked",
         "steps": [{"worker": worker.slug, "instruction": instruction, "access": []}],
     }
-    active = ConductorVersion.objects.filter(is_active=True).first() or ConductorVersion.objects.first()
-    if active is None:
-        raise PlaygroundError("no conductor version is registered yet")
-    return Prepared(task, active, plan, call_cost(worker, instruction), step)
+    return Prepared(task, conductor_active(), plan, call_cost(worker, instruction), step)
 
 
 def playground_run(*, variation: Variation, user: Any, estimated_usd: Decimal | None) -> Run:

@@ -21,12 +21,11 @@ from audit.models import Role
 from audit.services import Actor, event_record
 
 from .errors import ServiceError
-from .models import Annotation, Run, RunStatus, Step, Task
+from .models import RUN_ENDED, Annotation, Run, Step, Task
 from .selectors import final_worker
 
 REVIEWERS = (Role.AUDITOR, Role.ML_STAFF)  # admins pass every role check
 LABEL_MAX, COMMENT_MAX = 60, 4000
-ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
 class ReviewError(ServiceError):
@@ -67,7 +66,7 @@ def annotation_add(*, verdict: Verdict, user: Any) -> Annotation:
             raise NoSuchRun(f"there is no run {verdict.run_id}")
         # Read under the task's lock: a purge (which takes it) cannot slip in between.
         task = Task.objects.select_for_update().get(pk=run.task_id)
-        if run.status not in ENDED:
+        if run.status not in RUN_ENDED:
             raise ReviewError(f"run {run.pk} has not ended ({run.status}): review it once it has")
         if task.purged_at is not None:
             raise ReviewError("its content was deleted under the retention policy: nothing to review")
@@ -134,7 +133,7 @@ def review_queue(
     verdict (none on the whole run yet), those reviewed, or all; by final worker, kind and score."""
     reviewed = Exists(Annotation.objects.filter(run=OuterRef("pk"), step__isnull=True))
     runs = (
-        Run.objects.filter(status__in=ENDED)
+        Run.objects.filter(status__in=RUN_ENDED)
         .select_related("task", "conductor_version")
         .defer("task__search_vector", "task__final_answer")
         .annotate(

@@ -21,8 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import Q
 
-from routing.estimates import FINISHED_RUN, mean_cost
-from routing.models import ConductorVersion, Run
+from routing.estimates import mean_cost
+from routing.models import RUN_ENDED, ConductorVersion, Run
 
 MAX_RUNS_PER_REQUEST = 2000
 EVALUATION_SIDES = 2  # the candidate and the baseline each plan every item
@@ -79,7 +79,7 @@ def queued_runs(user: Any) -> int:
         return 0
     return (
         Run.objects.filter(kind__in=OFFLINE_KINDS)
-        .exclude(status__in=FINISHED_RUN)
+        .exclude(status__in=RUN_ENDED)
         .filter(Q(rollout__batch__created_by=user) | Q(evaluation_run__evaluation__created_by=user))
         .count()
     )

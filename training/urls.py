@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import views
+from . import version_views, views
 
 app_name = "training"
 
@@ -18,8 +18,8 @@ urlpatterns = [
     path("datasets/<int:dataset_id>/", views.dataset_detail, name="dataset"),
     path("datasets/<int:dataset_id>/files/<str:name>", views.dataset_file, name="dataset-file"),
     path("evaluations/<int:evaluation_id>/", views.evaluation_detail, name="evaluation"),
-    path("versions/rollback/", views.version_rollback, name="rollback"),
-    path("versions/<int:version_id>/promote/", views.version_promote, name="promote"),
-    path("versions/<int:version_id>/shadow/", views.version_shadow, name="shadow"),
-    path("versions/<int:version_id>/evaluate/", views.version_evaluate, name="evaluate"),
+    path("versions/rollback/", version_views.version_rollback, name="rollback"),
+    path("versions/<int:version_id>/promote/", version_views.version_promote, name="promote"),
+    path("versions/<int:version_id>/shadow/", version_views.version_shadow, name="shadow"),
+    path("versions/<int:version_id>/evaluate/", version_views.version_evaluate, name="evaluate"),
 ]

@@ -3,9 +3,10 @@
 Every change goes through training.services (one transaction and an audit event each); these views
 check the role and the form, call the service and redirect. Auditors may read the pages.
 
-Why one module of about 480 lines: the pages share one home page with every form on it (a refused
-form re-renders that page with its errors), so they share its context builder; split by object they
-would import each other. The work itself is in the services package.
+The pages share one home page with every form on it (a refused form re-renders that page with its
+errors), so they share its context builder, here. The actions on conductor versions (promote, roll
+back, shadow, evaluate) are in training.version_views, what the pages say of a job's or an
+evaluation's state in training.page_state; the work itself is in the services package.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from routing.errors import ServiceError
 from routing.models import ConductorVersion
 from routing.services import conductor_active
 
-from . import limits, services
+from . import limits, page_state, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
@@ -48,7 +49,7 @@ LOG_TAIL_CHARS = 8000
 # --- Pages -----------------------------------------------------------------------------------
 
 
-def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
+def home_page(request: HttpRequest, **forms: Any) -> HttpResponse:
     """The training overview, with the three launch forms (bound ones carry their errors), and the
     preview a "Preview" button asked for (rollouts_preview, evaluate_preview)."""
     conductor_active()  # the static baseline exists from the first look on
@@ -75,7 +76,7 @@ def _home(request: HttpRequest, **forms: Any) -> HttpResponse:
 @require_GET
 @role_required(*READERS)
 def home(request: HttpRequest) -> HttpResponse:
-    return _home(request)
+    return home_page(request)
 
 
 def _stamp(moment: datetime | None) -> str:
@@ -87,7 +88,7 @@ def _job_state(job: TrainingJob, after: int) -> dict[str, Any]:
     return {
         "status": job.status,
         "status_label": job.get_status_display(),
-        "banner": _job_banner(job),
+        "banner": page_state.job_banner(job),
         "phase": job.phase if job.status == JobStatus.RUNNING else "",
         "step": job.step,
         "total_steps": job.total_steps,
@@ -112,55 +113,8 @@ def _job_state(job: TrainingJob, after: int) -> dict[str, Any]:
             if job.candidate_id
             else None
         ),
-        "candidate_note": _candidate_note(job),
+        "candidate_note": page_state.candidate_note(job),
     }
-
-
-def _job_banner(job: TrainingJob) -> str:
-    """The sentence at the top of a job's page: what the job is doing now (it follows the status)."""
-    name = f"Training job {job.name}"
-    if job.status == JobStatus.QUEUED:
-        return f"{name} is queued: it starts when a training worker takes it."
-    if job.status == JobStatus.RUNNING:
-        if job.phase:
-            return f"{name} is running, past its last step: {job.phase}."
-        return f"{name} is running: step {job.step} of {job.total_steps or '?'}."
-    if job.status == JobStatus.SUCCEEDED:
-        return f"{name} succeeded." + (f" Candidate: {job.candidate.name}." if job.candidate_id else "")
-    if job.status == JobStatus.FAILED:
-        return f"{name} failed: the reason is below."
-    return f"{name} was cancelled."
-
-
-def _evaluation_banner(evaluation: Evaluation, sides: list[dict[str, Any]]) -> str:
-    """The sentence at the top of an evaluation's page: what it is doing now (it follows the status)."""
-    name = f"Evaluation #{evaluation.pk}"
-    if evaluation.status == JobStatus.QUEUED:
-        return f"{name} is queued: its runs start when a worker takes it."
-    if evaluation.status == JobStatus.RUNNING:
-        done = sum(row.get("n") or 0 for row in sides)
-        total = sum(row.get("total") or 0 for row in sides)
-        if total and done >= total:
-            return f"{name} is running, past its last item: every run has ended; recording the results."
-        return f"{name} is running: {done} of {total or '?'} runs done."
-    if evaluation.status == JobStatus.SUCCEEDED:
-        return f"{name} finished: every run has ended and the figures below are final."
-    return f"{name} {evaluation.get_status_display().lower()}."
-
-
-def _candidate_note(job: TrainingJob) -> str:
-    """What is true of the job's candidate version while there is none to link to."""
-    if job.candidate_id:
-        return ""
-    if job.status == JobStatus.CANCELLED:
-        return "none: the job was cancelled, nothing was registered"
-    if job.status == JobStatus.FAILED:
-        return "none: the job failed, nothing was registered"
-    if job.status == JobStatus.SUCCEEDED:
-        return "none: no version was registered"
-    if job.cancel_requested:
-        return "cancellation requested: nothing is registered unless the job succeeds first"
-    return f"{job.name} is registered when the job succeeds"
 
 
 @require_GET
@@ -282,7 +236,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         "training/evaluation_detail.html",
         {
             "evaluation": evaluation,
-            "banner": _evaluation_banner(evaluation, sides),
+            "banner": page_state.evaluation_banner(evaluation, sides),
             "sides": sides,
             "chart": chart,
             "refresh": evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING),
@@ -347,7 +301,7 @@ def _send(path: Path, name: str) -> FileResponse:
 # --- Actions (POST, then redirect) -------------------------------------------------------------
 
 
-def _actor(request: HttpRequest) -> Actor:
+def actor_of(request: HttpRequest) -> Actor:
     return Actor.for_user(request.user)
 
 
@@ -362,14 +316,14 @@ def job_start(request: HttpRequest) -> HttpResponse:
                 backend=form.cleaned_data["backend"],
                 dataset=form.cleaned_data.get("dataset"),
                 options=form.options(),
-                actor=_actor(request),
+                actor=actor_of(request),
                 user=request.user,
             )
         except ServiceError as exc:
             form.add_error(None, str(exc))
         else:
             return redirect("training:job", job_id=job.pk)  # its page says it is queued, and what next
-    return _home(request, job_form=form)
+    return home_page(request, job_form=form)
 
 
 @require_POST
@@ -377,7 +331,7 @@ def job_start(request: HttpRequest) -> HttpResponse:
 def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(TrainingJob, pk=job_id)
     try:
-        services.job_cancel(job=job, actor=_actor(request))
+        services.job_cancel(job=job, actor=actor_of(request))
     except ServiceError as exc:
         messages.error(request, f"Not cancelled: {exc}")
     else:
@@ -403,13 +357,13 @@ def rollouts_start(request: HttpRequest) -> HttpResponse:
                     temperature=data["temperature"],
                     user=request.user,
                 )
-                return _home(request, rollouts_form=form, rollouts_preview=estimate)
+                return home_page(request, rollouts_form=form, rollouts_preview=estimate)
             batch = services.rollouts_start(
                 version=data["version"],
                 items=items,
                 k=data["k"],
                 temperature=data["temperature"],
-                actor=_actor(request),
+                actor=actor_of(request),
                 user=request.user,
             )
         except ServiceError as exc:
@@ -417,7 +371,7 @@ def rollouts_start(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Rollout batch {batch.pk} started: {len(items)} items × K={batch.k}.")
             return redirect(reverse("training:home") + "#batches")
-    return _home(request, rollouts_form=form)
+    return home_page(request, rollouts_form=form)
 
 
 @require_POST
@@ -445,7 +399,7 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
                 min_group_size=data["min_group_size"],
                 reward_config=reward_config,
                 validation_fraction=data["validation_fraction"],
-                actor=_actor(request),
+                actor=actor_of(request),
                 user=request.user,
             )
         except ServiceError as exc:
@@ -453,120 +407,4 @@ def dataset_build(request: HttpRequest) -> HttpResponse:
         else:
             messages.success(request, f"Dataset {dataset.name} v{dataset.version} built.")
             return redirect("training:dataset", dataset_id=dataset.pk)
-    return _home(request, dataset_form=form)
-
-
-@require_POST
-@role_required(*WRITERS)
-def version_promote(request: HttpRequest, version_id: int) -> HttpResponse:
-    """Promote a version, once its form's box was ticked (from an evaluation's page: its deltas
-    confirmed, which go into the audit event)."""
-    version = get_object_or_404(ConductorVersion, pk=version_id)
-    evaluation = None
-    back = redirect("training:home")
-    evaluation_id = params.integer(request.POST, "evaluation", default=None, minimum=1, maximum=2**63 - 1)
-    if evaluation_id is not None:
-        evaluation = get_object_or_404(Evaluation, pk=evaluation_id, candidate=version)
-        back = redirect("training:evaluation", evaluation_id=evaluation.pk)
-    if not _confirmed(request):
-        messages.error(
-            request,
-            "Not promoted: confirm the deltas first." if evaluation else "Not promoted: confirm it first.",
-        )
-        return back
-    try:
-        services.conductor_promote(
-            version=version,
-            actor=_actor(request),
-            evaluation=evaluation,
-            override_reason=request.POST.get("override_reason", "")
-            if request.POST.get("override") == "yes"
-            else "",
-            may_override=Role.ADMIN in request_roles(request),
-        )
-    except ServiceError as exc:
-        messages.error(request, f"Not promoted: {exc}")
-    else:
-        messages.success(request, f"{version.name} is now the active conductor.")
-    return back
-
-
-def _confirmed(request: HttpRequest) -> bool:
-    """The form's confirmation box (templates/training/confirm.html) was ticked: what a change of the
-    active conductor needs before it is made."""
-    return request.POST.get("confirm") == "yes"
-
-
-@require_POST
-@role_required(*WRITERS)
-def version_rollback(request: HttpRequest) -> HttpResponse:
-    if not _confirmed(request):
-        messages.error(request, "Not rolled back: confirm the roll back first.")
-        return redirect("training:home")
-    try:
-        version = services.conductor_rollback(actor=_actor(request))
-    except ServiceError as exc:
-        messages.error(request, f"Not rolled back: {exc}")
-    else:
-        messages.success(request, f"Rolled back: {version.name} is the active conductor again.")
-    return redirect("training:home")
-
-
-@require_POST
-@role_required(*WRITERS)
-def version_shadow(request: HttpRequest, version_id: int) -> HttpResponse:
-    version = get_object_or_404(ConductorVersion, pk=version_id)
-    turn_on = request.POST.get("on") == "1"
-    try:
-        services.shadow_set(version=version if turn_on else None, actor=_actor(request))
-    except ServiceError as exc:
-        messages.error(request, f"Shadow mode unchanged: {exc}")
-    else:
-        messages.success(
-            request,
-            f"{version.name} now plans live tasks in shadow mode." if turn_on else "Shadow mode is off.",
-        )
-    return redirect("training:home")
-
-
-@require_POST
-@role_required(*WRITERS)
-def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
-    """Evaluate a version against the active one (or the baseline chosen); with the "Preview" button (name="preview"), the same
-    checks and the estimate of what starting would do, on the page with a button to start it."""
-    version = get_object_or_404(ConductorVersion, pk=version_id)
-    form = EvaluateForm(request.POST)
-    if not form.is_valid():
-        problems = "; ".join(
-            " ".join(errs) if field == "__all__" else f"{field}: {' '.join(errs)}"
-            for field, errs in form.errors.items()
-        )
-        messages.error(request, f"Not evaluated: {problems}")
-        return redirect("training:home")
-    if "preview" in request.POST:
-        try:
-            estimate = services.evaluation_estimate(
-                candidate=version,
-                baseline=form.cleaned_data["baseline"],
-                split=form.cleaned_data["split"],
-                limit=form.cleaned_data["limit"],
-                user=request.user,
-            )
-        except ServiceError as exc:
-            messages.error(request, f"Not evaluated: {exc}")
-            return redirect("training:home")
-        preview = {"version": version, **form.cleaned_data, "estimate": estimate}
-        return _home(request, evaluate_preview=preview)
-    try:
-        evaluation = services.evaluation_start(
-            candidate=version,
-            baseline=form.cleaned_data["baseline"],
-            split=form.cleaned_data["split"],
-            limit=form.cleaned_data["limit"],
-            actor=_actor(request),
-            user=request.user,
-        )
-    except ServiceError as exc:
-        messages.error(request, f"Not evaluated: {exc}")
-        return redirect("training:home")
-    return redirect("training:evaluation", evaluation_id=evaluation.pk)  # its page follows its status
+    return home_page(request, dataset_form=form)

@@ -9,7 +9,7 @@ from django.db import connection
 
 from audit.services import Actor
 from routing.errors import ServiceError
-from routing.models import RunStatus
+from routing.models import RUN_ENDED
 
 from .. import limits
 
@@ -38,7 +38,7 @@ ROLLOUT_DEFAULTS = {"limit": 20, "k": 8, "temperature": 4.0}
 QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per user at a time
 
 
-FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+FINISHED_RUN = RUN_ENDED  # the runs a rollout, dataset or evaluation counts as done
 
 
 class TrainingError(ServiceError):
