@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from django.utils import timezone
 from . import rows
 from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
-from .proof import GENESIS, canonical, content_of, digest, digest_canonical  # noqa: F401 (the one definition, re-exported)
+from .proof import GENESIS, canonical, canonical_around_seq, content_of, digest  # noqa: F401 (canonical: re-exported)
 
 
 def run_chain(correlation_id: uuid.UUID | str) -> str:
@@ -50,9 +49,9 @@ def _lock_head(chain: str) -> ChainHead:
         return head
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO audit_chainhead (chain, seq, hash, sealed, updated_at) VALUES (%s, 0, %s, false, now()) "
-            "ON CONFLICT (chain) DO NOTHING",
-            [chain, GENESIS],
+            "INSERT INTO audit_chainhead (chain, seq, hash, sealed, updated_at) "
+            "VALUES (%(chain)s, 0, %(genesis)s, false, now()) ON CONFLICT (chain) DO NOTHING",
+            {"chain": chain, "genesis": GENESIS},
         )
     return ChainHead.objects.select_for_update().get(chain=chain)
 
@@ -91,12 +90,14 @@ def _checked(fields: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Planned:
-    """Events to append to a chain, built on the head `expect` (seq, hash): written by `append_sql` in
-    a statement that moves the head only if it is still that one."""
+    """Events to append to a chain, built on the head `expect` (seq, hash), each with its row as one
+    JSON document (`documents`): written by a statement of `append_text` that moves the head only if
+    it is still that one."""
 
     chain: str
     expect: tuple[int, str]
     events: list[AuditEvent]
+    documents: list[str]
 
 
 def plan(chain: str, events: list[dict[str, Any]], *, lock: bool = False) -> Planned | None:
@@ -117,29 +118,35 @@ def plan(chain: str, events: list[dict[str, Any]], *, lock: bool = False) -> Pla
         event = _event(chain, seq, hash_, fields)
         built.append(event)
         seq, hash_ = event.seq, event.hash
-    return Planned(chain=chain, expect=known, events=built)
+    return Planned(chain=chain, expect=known, events=built, documents=[event_document(e) for e in built])
 
 
-def append_sql(planned: Planned, *, guard: str = "", seal: bool = False) -> tuple[list[str], list[Any]]:
-    """The planned events as common table expressions of one statement: `h` moves the chain's head to
-    the last event if it is still `expect` and not sealed (`guard`: a further condition), which locks
-    it, and with `seal` seals the chain there (its last event); `e0`, `e1`, ... insert the events,
-    only if `h` moved it, each RETURNING its id."""
-    return list(append_text(len(planned.events), guard=guard, seal=seal)), append_params(planned)
+# The names of an append's expressions (append_text), for the statements it is part of.
+HEAD_MOVED = "head_moved"
 
 
-def append_params(planned: Planned) -> list[Any]:
-    """The values of `append_text`'s placeholders for the planned events."""
+def event_inserted(i: int) -> str:
+    """The name of the expression that inserts the append's `i`th event (it returns the event's id)."""
+    return f"event_{i}"
+
+
+def append_params(planned: Planned) -> dict[str, Any]:
+    """The values of `append_text`'s parameters for the planned events, by name."""
     last = planned.events[-1]
-    params: list[Any] = [last.seq, last.hash, last.occurred_at, planned.chain, *planned.expect]
-    # Each event one parameter (audit.rows): the statement's text is the same for every append.
-    return params + [event_document(event) for event in planned.events]
+    head = {
+        "head_chain": planned.chain,
+        "head_expect_seq": planned.expect[0],
+        "head_expect_hash": planned.expect[1],
+        "head_seq": last.seq,
+        "head_hash": last.hash,
+        "head_at": last.occurred_at,
+    }
+    return head | {event_inserted(i): document for i, document in enumerate(planned.documents)}
 
 
 def event_document(event: AuditEvent) -> str:
-    """An event's row as `rows.document` makes it: the one `_event` made with its hash, if it did."""
-    made = event.__dict__.get("_document")
-    return made if made is not None else rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS)
+    """An event's row as one JSON document (audit.rows), its id left out."""
+    return rows.document((f, getattr(event, f.attname)) for f in _EVENT_FIELDS)
 
 
 _EVENT_FIELDS = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
@@ -147,18 +154,26 @@ _EVENT_FIELDS = [f for f in AuditEvent._meta.concrete_fields if not f.primary_ke
 
 @functools.lru_cache(maxsize=64)
 def append_text(events: int, *, guard: str = "", seal: bool = False) -> tuple[str, ...]:
-    """`append_sql`'s expressions for this many events (their text depends on nothing else)."""
+    """The expressions of an append of this many events (their text depends on nothing else; their
+    parameters: append_params). `head_moved` moves the chain's head to the last event if it is still
+    the one the events were built on and not sealed (`guard`: a further condition), which locks it,
+    and with `seal` seals the chain there (its last event); `event_0`, `event_1`, ... insert the
+    events, only if the head moved, each RETURNING its id."""
     columns = ", ".join(rows.quoted(f.column) for f in _EVENT_FIELDS)
     sealing = ", sealed = true" if seal else ""
-    return (
-        f"h AS (UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s{sealing} "  # noqa: S608 - names, not data
-        f"WHERE chain = %s AND seq = %s AND hash = %s AND NOT sealed{guard} RETURNING 1)",
-        *(
-            f"e{i} AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
-            f"SELECT {columns} FROM {rows.populated(AuditEvent)} WHERE EXISTS (SELECT 1 FROM h) RETURNING id)"
-            for i in range(events)
-        ),
+    head = (
+        f"{HEAD_MOVED} AS (UPDATE {ChainHead._meta.db_table} "  # noqa: S608 - names, not data
+        f"SET seq = %(head_seq)s, hash = %(head_hash)s, updated_at = %(head_at)s{sealing} "
+        "WHERE chain = %(head_chain)s AND seq = %(head_expect_seq)s AND hash = %(head_expect_hash)s "
+        f"AND NOT sealed{guard} RETURNING 1)"
     )
+    inserts = (
+        f"{event_inserted(i)} AS (INSERT INTO {AuditEvent._meta.db_table} ({columns}) "  # noqa: S608 - names, not data
+        f"SELECT {columns} FROM {rows.populated(AuditEvent, event_inserted(i))} "
+        f"WHERE EXISTS (SELECT 1 FROM {HEAD_MOVED}) RETURNING id)"
+        for i in range(events)
+    )
+    return (head, *inserts)
 
 
 def appended(planned: Planned, ids: list[int], *, sealed: bool = False) -> None:
@@ -195,9 +210,12 @@ def append(*, chain: str, seal: bool = False, **fields: Any) -> AuditEvent:
 
 
 def _insert(planned: Planned, *, seal: bool = False) -> bool:
-    ctes, params = append_sql(planned, seal=seal)
+    ctes = append_text(len(planned.events), seal=seal)
     with rows.prepared_cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(ctes)} SELECT id FROM e0", params)  # noqa: S608 - names, not data
+        cursor.execute(
+            f"WITH {', '.join(ctes)} SELECT id FROM {event_inserted(0)}",  # noqa: S608 - names, not data
+            append_params(planned),
+        )
         row = cursor.fetchone()
     if row is None:
         return False
@@ -205,28 +223,37 @@ def _insert(planned: Planned, *, seal: bool = False) -> bool:
     return True
 
 
-# An event appended on whatever head its chain has when the statement runs: `g0` locks the head (read
-# after any append that committed while it waited), `g` moves it with the hash made by the server
-# (sha256 over the head's hash and the event's canonical content, the server putting in its seq), and
-# `ge` inserts the event. No process has to know the head: for the global chain, which every process
-# appends to (a guess of its head is mostly wrong when several processes end runs). `{guard}`: a
-# further condition of the head's lock (the statement it is part of writes only if it holds).
+# An event appended on whatever head its chain has when the statement runs, its hash made by the
+# database: no process has to know the head. For the global chain, which every process appends to (a
+# guess of its head is mostly wrong when several processes end runs). Its expressions:
+# `server_head` locks the head (read after any append that committed while it waited), `server_head_moved`
+# moves it with the hash made there, sha256(head's hash + the event's canonical content), the content
+# being `server_before` + the new seq + `server_after` (proof.canonical_around_seq), and `server_event`
+# inserts the event. `{guard}`: a further condition of the head's lock (the statement it is part of
+# writes only if it holds).
+SERVER_HEAD_MOVED = "server_head_moved"
+SERVER_EVENT = "server_event"
 _ON_SERVER = (
-    "g0 AS (SELECT seq, hash FROM {head} WHERE chain = %s AND NOT sealed{guard} FOR UPDATE), "
-    "g AS (UPDATE {head} c SET seq = g0.seq + 1, "
-    "hash = encode(sha256(convert_to(g0.hash || %s || (g0.seq + 1)::text || %s, 'UTF8')), 'hex'), "
-    "updated_at = %s FROM g0 WHERE c.chain = %s RETURNING c.seq, c.hash, g0.hash AS prev_hash), "
-    "ge AS (INSERT INTO {event} ({columns}) SELECT {values} FROM {row} AS r, g RETURNING id)"
+    "server_head AS (SELECT seq, hash FROM {head} WHERE chain = %(server_chain)s AND NOT sealed{guard} "
+    "FOR UPDATE), "
+    "server_head_moved AS (UPDATE {head} c SET seq = server_head.seq + 1, "
+    "hash = encode(sha256(convert_to("
+    "server_head.hash || %(server_before)s || (server_head.seq + 1)::text || %(server_after)s, 'UTF8')), 'hex'), "
+    "updated_at = %(server_at)s FROM server_head WHERE c.chain = %(server_chain)s "
+    "RETURNING c.seq, c.hash, server_head.hash AS prev_hash), "
+    "server_event AS (INSERT INTO {event} ({columns}) SELECT {values} "
+    "FROM {row} AS r, server_head_moved RETURNING id)"
 )
 _FROM_SERVER = ("seq", "prev_hash", "hash")
 
 
 @functools.lru_cache(maxsize=8)
 def on_server_text(guard: str = "") -> str:
-    """The expressions `g0`, `g`, `ge` of an append whose hash the server makes (see _ON_SERVER)."""
+    """The expressions of an append whose hash the database makes (see _ON_SERVER)."""
     columns = [rows.quoted(f.column) for f in _EVENT_FIELDS]
     values = [
-        f"g.{f.column}" if f.column in _FROM_SERVER else f"r.{rows.quoted(f.column)}" for f in _EVENT_FIELDS
+        f"{SERVER_HEAD_MOVED}.{f.column}" if f.column in _FROM_SERVER else f"r.{rows.quoted(f.column)}"
+        for f in _EVENT_FIELDS
     ]
     return _ON_SERVER.format(
         head=ChainHead._meta.db_table,
@@ -234,36 +261,41 @@ def on_server_text(guard: str = "") -> str:
         event=AuditEvent._meta.db_table,
         columns=", ".join(columns),
         values=", ".join(values),
-        row=rows.populated(AuditEvent),
+        row=rows.populated(AuditEvent, "server_event"),
     )
 
 
-def on_server_params(chain: str, fields: dict[str, Any]) -> tuple[AuditEvent, list[Any]]:
-    """The event (without its seq and hashes, which the server makes) and the values of
-    `on_server_text`'s placeholders: its canonical content split where its seq goes."""
+def on_server_params(chain: str, fields: dict[str, Any]) -> tuple[AuditEvent, dict[str, Any]]:
+    """The event (without its seq and hashes, which the database makes) and the values of
+    `on_server_text`'s parameters, by name."""
     fields = _checked(dict(fields))
     occurred_at = timezone.now()
-    content = canonical(content_of(chain=chain, seq=_SEQ, occurred_at=occurred_at, **fields)).decode()
-    # The content's last key is task_id (an id or null), after its seq: the marker's last place is the seq's.
-    before, after = content.rsplit(_SEQ_JSON, 1)
+    content = content_of(chain=chain, seq=0, occurred_at=occurred_at, **fields)
+    before, after = canonical_around_seq(content)
     event = AuditEvent(chain=chain, occurred_at=occurred_at, **fields)
     document = rows.document(
         (f, getattr(event, f.attname)) for f in _EVENT_FIELDS if f.column not in _FROM_SERVER
     )
-    return event, [chain, before, after, occurred_at, chain, document]
-
-
-_SEQ: Any = "\x00seq\x00"  # in the seq's place while the content is made canonical (see on_server_params)
-_SEQ_JSON = json.dumps(_SEQ)
+    return event, {
+        "server_chain": chain,
+        "server_before": before,
+        "server_after": after,
+        "server_at": occurred_at,
+        "server_event": document,
+    }
 
 
 def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
     """Append one event on the chain's head as it is when the statement runs, its hash made by the
-    server (see _ON_SERVER), in one statement whoever appended last; its head made first for a new chain."""
+    database (see _ON_SERVER), in one statement whoever appended last; its head made first for a new
+    chain."""
     event, params = on_server_params(chain, fields)
+    statement = (
+        f"WITH {on_server_text()} SELECT moved.seq, moved.hash, moved.prev_hash, inserted.id "  # noqa: S608
+        f"FROM {SERVER_HEAD_MOVED} moved, {SERVER_EVENT} inserted"
+    )
     for attempt in range(2):
         with rows.prepared_cursor() as cursor:
-            statement = f"WITH {on_server_text()} SELECT g.seq, g.hash, g.prev_hash, ge.id FROM g, ge"  # noqa: S608
             cursor.execute(statement, params)
             row = cursor.fetchone()
         if row is not None:
@@ -279,12 +311,7 @@ def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
 def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:
     occurred_at = timezone.now()
     seq = head_seq + 1
-    body = canonical(content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields))
-    hash_ = digest_canonical(head_hash, body)
-    event = AuditEvent(
+    hash_ = digest(head_hash, content_of(chain=chain, seq=seq, occurred_at=occurred_at, **fields))
+    return AuditEvent(
         chain=chain, seq=seq, prev_hash=head_hash, hash=hash_, occurred_at=occurred_at, **fields
     )
-    # Its row's document (append_params) is the content its hash covers, keyed by column as the content
-    # is, with the two hashes added: made once, not encoded again field by field.
-    event._document = f'{body[:-1].decode()},"prev_hash":"{head_hash}","hash":"{hash_}"}}'  # type: ignore[attr-defined]
-    return event

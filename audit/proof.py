@@ -17,7 +17,7 @@ from typing import Any
 GENESIS = "0" * 64
 
 
-def canonical(fields: dict[str, Any]) -> bytes:
+def canonical(fields: Any) -> bytes:
     """The bytes that are hashed and signed: sorted keys, no spaces, UTF-8."""
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -57,6 +57,21 @@ def content_of(
         "correlation_id": str(correlation_id) if correlation_id else None,
         "payload": payload,
     }
+
+
+def canonical_around_seq(content: dict[str, Any]) -> tuple[str, str]:
+    """An event's canonical content without its seq, as the text before and after the seq's digits:
+    `before + str(seq) + after` is `canonical(content with its seq)`, for any seq. For a hash the
+    database makes on the head it finds, its seq known only then (audit.chain.append_on_server)."""
+    members = [
+        f"{json.dumps(key, ensure_ascii=False)}:{canonical(value).decode()}"
+        for key, value in sorted(content.items())
+        if key != "seq"
+    ]
+    at = sum(1 for key in content if key < "seq")  # the seq's place among the sorted keys
+    before = ",".join([*members[:at], '"seq":'])
+    after = "".join(f",{member}" for member in members[at:])
+    return "{" + before, after + "}"
 
 
 def digest(prev_hash: str, content: dict[str, Any]) -> str:

@@ -13,13 +13,18 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+import weakref
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.models import Field, JSONField, Model
+from psycopg.adapt import AdaptersMap
+from psycopg.types.numeric import Int8Dumper
 
 M = TypeVar("M", bound=Model)
 
@@ -32,9 +37,9 @@ def quoted(name: str) -> str:
 
 
 @functools.cache
-def populated(model: type[Model]) -> str:
-    """The SQL of one row of `model`'s table, populated from the JSON document parameter."""
-    return f"jsonb_populate_record(NULL::{quoted(model._meta.db_table)}, %s::jsonb)"
+def populated(model: type[Model], param: str) -> str:
+    """The SQL of one row of `model`'s table, populated from the JSON document in parameter `param`."""
+    return f"jsonb_populate_record(NULL::{quoted(model._meta.db_table)}, %({param})s::jsonb)"
 
 
 def document(values: Iterable[tuple[Field[Any, Any], Any]]) -> str:
@@ -222,21 +227,19 @@ def prepared_cursor() -> Any:
 
 _ONLY_WHEN_ASKED = 2**31 - 1  # psycopg prepares a statement after this many runs, or when asked
 
+# Each connection's adapters that send integers as bigint (prepared_cursor), gone with the connection.
+_BIGINT_ADAPTERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
 
 @functools.cache
 def _prepared_class() -> type:
-    import psycopg
-    from django.db.backends.postgresql.base import ServerBindingCursor
-    from psycopg.adapt import AdaptersMap
-    from psycopg.types.numeric import Int8Dumper
-
     class Prepared(ServerBindingCursor):  # type: ignore[misc, valid-type]
         def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(connection, *args, **kwargs)
             # The connection's adapters with integers as bigint: made once per connection, not per cursor.
-            adapters = getattr(connection, "_bigint_adapters", None)
+            adapters = _BIGINT_ADAPTERS.get(connection)
             if adapters is None:
-                adapters = connection._bigint_adapters = AdaptersMap(connection.adapters)
+                adapters = _BIGINT_ADAPTERS[connection] = AdaptersMap(connection.adapters)
                 adapters.register_dumper(int, Int8Dumper)
             self._adapters = adapters
 
@@ -265,6 +268,4 @@ class _Shown:
 
     @property
     def query(self) -> bytes:
-        import psycopg
-
         return psycopg.ClientCursor(self._conn).mogrify(self._text, self._params).encode()

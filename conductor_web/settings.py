@@ -269,6 +269,9 @@ CONDUCTOR_RETRY_BACKOFF_MAX_S = env_float("CONDUCTOR_RETRY_BACKOFF_MAX_S", 30.0,
 CONDUCTOR_RETRY_AFTER_MAX_S = env_float("CONDUCTOR_RETRY_AFTER_MAX_S", 60.0, minimum=0.0)
 # How often a process executing a run proves it is alive (the run lock's connection, the heartbeat).
 CONDUCTOR_HEARTBEAT_S = env_float("CONDUCTOR_HEARTBEAT_S", 2.0, minimum=0.1)
+# The engine's writes on the run as its process last read it, one statement each (its fast paths);
+# off: every write in a fenced transaction of several statements, with the same rows (its plain paths).
+CONDUCTOR_ONE_STATEMENT_WRITES = env_bool("CONDUCTOR_ONE_STATEMENT_WRITES", True)
 # A call lost in flight (its process was killed) is paid for but unrecorded: its cost is estimated
 # from the prompt and at most this many output tokens when the call set no max_tokens.
 CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS = env_int("CONDUCTOR_LOST_CALL_MAX_OUTPUT_TOKENS", 1024, minimum=1)

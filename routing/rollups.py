@@ -276,7 +276,8 @@ def fold_for_read() -> None:
 
 # A finished run's row waiting for the next fold; `{gate}`: a condition of the statement it is part of.
 WAITS = (
-    "INSERT INTO routing_pendingrollup (run_id) SELECT %s WHERE true{gate} ON CONFLICT (run_id) DO NOTHING"
+    "INSERT INTO routing_pendingrollup (run_id) SELECT %(run_id)s WHERE true{gate} "
+    "ON CONFLICT (run_id) DO NOTHING"
 )
 
 
@@ -284,7 +285,7 @@ def run_waits(run_id: int) -> None:
     """From the transaction that ends a run: the run waits for a fold (its row, WAITS); this process
     folds after the commit if its last fold is older than ROLLUP_FOLD_EVERY_S."""
     with prepared_cursor() as cursor:
-        cursor.execute(WAITS.format(gate=""), [run_id])
+        cursor.execute(WAITS.format(gate=""), {"run_id": run_id})
     fold_after_commit()
 
 

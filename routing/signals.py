@@ -1,13 +1,12 @@
 """What routing announces to the apps above it, so that it never imports them.
 
 run_finished: sent once a run's end (succeeded or failed) is written, its chain sealed. Keyword
-arguments: `run` (the Run) and `now` (when it ended). A receiver that writes names the kinds of run it
-writes for (`writes_at_end`): the end of a run of such a kind is one transaction with the receivers'
-writes, which commit or roll back with it (training settles the tasks of its items so). A run of any
-other kind that succeeds, as the process last read it, ends in one statement of its own, without
-BEGIN and COMMIT around it: the receivers hear of it once that statement committed, and one that
-fails then is logged (the run has ended). A failed run's end, and an end that found the run moved
-under it, are transactions that the receivers join whatever the run's kind.
+arguments: `run` (the Run) and `now` (when it ended). Two ways to hear it, by the run's kind:
+- a receiver that writes names the kinds of run it writes for (`writes_at_end`): the end of a run of
+  such a kind is one transaction with the receivers' writes, which commit or roll back with it
+  (training settles the tasks of its items so);
+- for any other kind, the receivers hear once the end committed; one that fails is logged (the run
+  has ended).
 """
 
 from django.dispatch import Signal

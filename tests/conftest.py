@@ -82,7 +82,7 @@ def _fast_retries(settings):
 def _lock_connections_closed() -> Iterator[None]:
     """The engine keeps its lock connections between runs; none outlives a test (nor the test database)."""
     yield
-    from routing.engine.claim import LOCK_CONNECTIONS
+    from routing.engine.locks import LOCK_CONNECTIONS
 
     LOCK_CONNECTIONS.close_all()
 

@@ -7,27 +7,36 @@ and made again. A PostgreSQL advisory lock, held on its own connection for the l
 makes sure only one process executes a run at a time; the lock dies with the process, and each claim
 raises an epoch that fences off any process whose claim is no longer current.
 
-A run's life, module by module:
-- `claim`: the lock, the keeper, the claim, and `execute_run`, the entry point;
-- `planning`: the conductor's plan, checked (allowed workers, policy rules, budgets) and recorded;
+A run's life, module by module, in the order it happens:
+- `execute`: the entry point (lock, claim, plan, steps, end);
+- `locks`: the run's advisory lock on a connection of its own, and the keeper of its heartbeat;
+- `claim`: the claim transition (a new epoch, its event);
+- `planning`: the conductor asked for a plan, and asked again with the error of an invalid one;
+- `plan_record`: the plan transition (checked against the policy rules, recorded with its steps);
 - `schedule`: the plan's steps as a DAG, independent ones concurrently;
-- `calls`: what a step is sent and the calls to its worker, retried with backoff, each an attempt row;
+- `step_start`: the step-start transition (its checks, its messages, its first attempt);
+- `calls`: what a step is sent, and the provider call itself;
+- `step_settle`: the transitions of a call's outcome (success, retry, the step's failure);
 - `recursion`: a conductor step that plans again one level deeper;
-- `finish`: the answer, its score, the totals and the seal of the run's audit chain, or the failure;
-- `record`: what all of them write through (the audit event that fences the claim, cost roll-up).
+- `run_end`: the run-end transition (answer, score, totals, the seals);
+- `run_failure`: the failure transition (every step settled, the seals).
+What the transitions write through: `execution` (the run as this process executes it, and the
+errors), `fence` (the claim's check, and the one interface of fast and plain writes), `statement`
+(one statement for one write), `events` (the events' fields and who hears of them), `task_totals`
+(the task's row when a run ends) and `workers` (the enabled workers as of their stamp).
 """
 
 from .calls import WORKER_SYSTEM_PROMPT, build_messages
-from .claim import (
+from .execute import execute_run
+from .execution import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunExecution, RunStopped
+from .locks import (
     ADVISORY_LOCK_NAMESPACE,
     advisory_lock,
     advisory_lock_connection,
     advisory_locked,
-    execute_run,
     run_is_locked,
     run_lock,
 )
-from .record import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunStopped
 
 __all__ = [
     "ADVISORY_LOCK_NAMESPACE",
@@ -35,6 +44,7 @@ __all__ = [
     "WORKER_SYSTEM_PROMPT",
     "Fenced",
     "InfrastructureError",
+    "RunExecution",
     "RunStopped",
     "advisory_lock",
     "advisory_lock_connection",

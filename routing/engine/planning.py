@@ -17,7 +17,6 @@ from audit.actions import Action
 from .. import replay
 from ..conductors import Conductor, ConductorUnavailable, PlanRequest, Proposal, WorkerCard, conductor_load
 from ..models import (
-    CONDUCTOR_SLUG,
     Decision,
     Run,
     Step,
@@ -27,18 +26,10 @@ from ..models import (
 )
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import REPLAY_PROVIDER, ProviderCallError
-from .calls import backoff, begin_with_plan, last_response_before, visible_steps
-from .record import (
-    Fence,
-    RunStopped,
-    Writes,
-    claim_current,
-    known_rules,
-    known_workers,
-    next_ids,
-    record_event,
-    write_once,
-)
+from .calls import backoff, last_response_before, visible_steps
+from .execution import RunExecution, RunStopped
+from .fence import known_rules, known_workers, record_event
+from .plan_record import PlanAnswer, RecordedPlan, record_plan
 
 log = logging.getLogger(__name__)
 
@@ -115,30 +106,25 @@ def _steps_used(run: Run) -> int:
     return Step.objects.filter(run=run).count()
 
 
-def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
-    """The valid decision for this level of the run, asking the conductor if there is none yet."""
+def ensure_plan(execution: RunExecution, *, parent_step: Step | None, depth: int) -> RecordedPlan:
+    """The valid plan for this level of the run, asking the conductor if there is none yet."""
+    run = execution.run
     decisions = Decision.objects.filter(run=run, parent_step=parent_step)
     # A run's first delivery has no decisions and no steps yet: nothing to look up for its first plan.
-    first = parent_step is None and not getattr(run, "resumed", True)
+    first = parent_step is None and not execution.resumed
     valid = None if first else decisions.filter(valid=True).first()
     if valid is not None:
-        return valid
+        return RecordedPlan(valid)
     task = run.task
-    rules = known_rules(run)
+    rules = known_rules(execution)
     # The workers as of the claim's stamp (a first delivery's claim reads it), else read now.
-    workers, withheld = _offerable_workers(task, rules, list(known_workers(run).values()))
+    workers, withheld = _offerable_workers(task, rules, list(known_workers(execution).values()))
     remaining = task.max_steps - (0 if first else _steps_used(run))
     if remaining <= 0:
         raise RunStopped(
             f"step budget of {task.max_steps} reached before planning", stop_reason=StopReason.STEP_BUDGET
         )
-    parent_context: dict[str, Any] = {}
-    if parent_step is not None:
-        parent_context = {
-            "parent_plan": parent_step.decision.plan,
-            "last_response": last_response_before(parent_step),
-            "visible_responses": tuple(s.response for s in visible_steps(parent_step)),
-        }
+    parent_context = _parent_context(parent_step)
     conductor, load_ms = conductor_load(run.conductor_version)
     tries = 0 if first else decisions.count()
     last_blocked = ""  # the rule that blocked the last plan, if one did
@@ -164,37 +150,16 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
             # A trainer's sampled plan: executed as written, never re-asked (an invalid one is its reward).
             proposal = Proposal(raw_output=run.plan_override)
         else:
-            proposal = _propose(run, conductor, request)
+            proposal = _propose(execution, conductor, request)
             proposal.latency_ms += load_ms  # a conductor built for this plan: the run waited for it
             load_ms = 0
-        plan: Plan | None = None
-        error = ""
-        try:
-            # Withheld workers parse, so that a plan naming one is recorded as blocked by its rule.
-            plan = parse_plan(
-                proposal.raw_output,
-                allowed_workers=set(request.allowed_slugs) | set(withheld),
-                max_steps=request.max_steps,
-                allow_empty=parent_step is not None,
-            )
-        except PlanError as exc:
-            error = str(exc)
-        decision = _record_decision(
-            run,
-            parent_step=parent_step,
-            depth=depth,
-            attempt=tries,
-            proposal=proposal,
-            parsed=plan,
-            error=error,
-            request=request,
-            workers=workers,
-            withheld=withheld,
-        )
-        if decision.valid:
-            return decision
-        feedback = decision.error
-        last_blocked = decision.blocked_by
+        plan, error = _parsed(proposal, request, withheld, nested=parent_step is not None)
+        answer = PlanAnswer(parent_step, depth, tries, proposal, plan, error, request, workers, withheld)
+        recorded = record_plan(execution, answer)
+        if recorded.decision.valid:
+            return recorded
+        feedback = recorded.decision.error
+        last_blocked = recorded.decision.blocked_by
         if run.plan_override and parent_step is None:
             if last_blocked:  # it names a worker a rule withholds: stopped by the policy, as any plan
                 raise RunStopped(
@@ -210,11 +175,40 @@ def ensure_plan(run: Run, *, parent_step: Step | None, depth: int) -> Decision:
     )
 
 
-def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
+def _parent_context(parent_step: Step | None) -> dict[str, Any]:
+    """What a nested plan's conductor is shown of the step it answers for."""
+    if parent_step is None:
+        return {}
+    return {
+        "parent_plan": parent_step.decision.plan,
+        "last_response": last_response_before(parent_step),
+        "visible_responses": tuple(s.response for s in visible_steps(parent_step)),
+    }
+
+
+def _parsed(
+    proposal: Proposal, request: PlanRequest, withheld: dict[str, policies.Verdict], *, nested: bool
+) -> tuple[Plan | None, str]:
+    """The conductor's answer parsed, or None and why not. Withheld workers parse, so that a plan
+    naming one is recorded as blocked by its rule."""
+    try:
+        plan = parse_plan(
+            proposal.raw_output,
+            allowed_workers=set(request.allowed_slugs) | set(withheld),
+            max_steps=request.max_steps,
+            allow_empty=nested,
+        )
+    except PlanError as exc:
+        return None, str(exc)
+    return plan, ""
+
+
+def _propose(execution: RunExecution, conductor: Conductor, request: PlanRequest) -> Proposal:
     """Ask the conductor, retrying timeouts, 429 and 5xx like any provider call; each failure is audited."""
+    run = execution.run
     made = 0
     while True:
-        claim_current(run)
+        execution.claim_current()
         try:
             return conductor.propose(request)
         except ConductorUnavailable as exc:
@@ -223,7 +217,7 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
             made += 1
             with transaction.atomic():
                 record_event(
-                    run,
+                    execution,
                     Action.CONDUCTOR_CALL_FAILED,
                     run,
                     {
@@ -239,161 +233,3 @@ def _propose(run: Run, conductor: Conductor, request: PlanRequest) -> Proposal:
                     stop_reason=StopReason.CONDUCTOR_UNAVAILABLE,
                 ) from exc
             time.sleep(backoff(made, exc.retry_after))
-
-
-def _checked(
-    plan: Plan | None,
-    *,
-    request: PlanRequest,
-    workers: list[Worker],
-    withheld: dict[str, policies.Verdict],
-    classification: str,
-    rules: list[policies.PolicyRule],
-) -> tuple[dict[str, Any], policies.Verdict | None]:
-    """A parsed plan's policy checks, step by step, under `rules` (those of the statement that records
-    it: the rules as they are when the plan arrives, not as they were when the conductor was asked),
-    and the first verdict that blocks it."""
-    checks: dict[str, Any] = {"withheld": {slug: v.as_dict() for slug, v in withheld.items()}, "steps": []}
-    blocked: policies.Verdict | None = None
-    for i, step in enumerate(plan.steps if plan is not None else []):
-        verdict = withheld.get(step.worker)
-        if verdict is None and step.worker in request.allowed_slugs and step.worker != CONDUCTOR_SLUG:
-            verdict = policies.judge(next(w for w in workers if w.slug == step.worker), classification, rules)
-        checks["steps"].append(
-            {
-                "index": i,
-                **(
-                    verdict.as_dict()
-                    if verdict
-                    else {
-                        "worker": step.worker,
-                        "allowed": True,
-                        "rule": "",
-                        "reason": "the conductor itself",
-                    }
-                ),
-            }
-        )
-        if blocked is None and verdict is not None and not verdict.allowed:
-            blocked = verdict
-    return checks, blocked
-
-
-def _record_decision(
-    run: Run,
-    *,
-    parent_step: Step | None,
-    depth: int,
-    attempt: int,
-    proposal: Proposal,
-    parsed: Plan | None,
-    error: str,
-    request: PlanRequest,
-    workers: list[Worker],
-    withheld: dict[str, policies.Verdict],
-) -> Decision:
-    """The conductor's answer, checked against the policy rules and recorded with its steps and its
-    event, in one statement (engine.record.write_once: on the rules' stamp the statement checks)."""
-    version = run.conductor_version
-    # A plan given with the run (a trainer's sample) is recorded as such, not as the version's own.
-    backend = "given" if run.plan_override and parent_step is None else version.backend
-    by_slug = {w.slug: w for w in workers}
-    # Drawn first: the plan's event names the decision, its steps point to it, and the first steps'
-    # attempts and events (started in the same statement) name theirs.
-    steps_wanted = len(parsed.steps) if parsed is not None else 0
-    ahead = getattr(run, "ids_ahead", None)  # a first delivery's, drawn with its claim: used once
-    run.ids_ahead = None  # type: ignore[attr-defined]
-    if ahead is not None and parent_step is None and steps_wanted <= len(ahead[1]):
-        decision_id, step_ids = ahead[0], ahead[1][:steps_wanted]
-    else:
-        (decision_id,), step_ids = next_ids(Decision, (Step, steps_wanted))
-    recorded: list[Decision] = []
-
-    def stage(fenced: Fence, writes: Writes) -> None:
-        checks, blocked = _checked(
-            parsed,
-            request=request,
-            workers=workers,
-            withheld=withheld,
-            classification=run.task.classification,
-            rules=policies.rules_as_of(fenced.rules_stamp),
-        )
-        plan, why = parsed, error
-        if blocked is not None:
-            plan = None
-            index = next(
-                c["index"] for c in checks["steps"] if c["rule"] == blocked.rule and not c["allowed"]
-            )
-            why = f"blocked by policy '{blocked.rule}': step {index} ({blocked.worker}): {blocked.reason}"
-        blocked_by = blocked.rule if blocked else ""
-        decision = Decision(
-            pk=decision_id,
-            run=run,
-            parent_step=parent_step,
-            depth=depth,
-            attempt=attempt,
-            backend=backend,
-            version_name=version.name,
-            prompt=proposal.prompt,
-            raw_output=proposal.raw_output,
-            plan=plan.as_dict() if plan is not None else None,
-            valid=plan is not None,
-            error=why,
-            alternatives=proposal.alternatives,
-            policy_checks=checks,
-            blocked_by=blocked_by,
-            input_tokens=proposal.input_tokens,
-            output_tokens=proposal.output_tokens,
-            cost_usd=proposal.cost_usd,
-            latency_ms=proposal.latency_ms,
-        )
-        steps = [
-            Step(
-                pk=step_ids[i],
-                run=run,
-                decision=decision,
-                index=i,
-                depth=depth,
-                worker=by_slug.get(s.worker),
-                worker_slug=s.worker,
-                vendor=by_slug[s.worker].vendor if s.worker in by_slug else "",
-                instruction=s.instruction,
-                access=s.access,
-            )
-            for i, s in enumerate(plan.steps if plan is not None else [])
-        ]
-        writes.insert(decision)
-        for step in steps:
-            writes.insert(step)
-        writes.event(
-            Action.PLAN_EMITTED
-            if plan is not None
-            else (Action.PLAN_BLOCKED if blocked_by else Action.PLAN_REJECTED),
-            decision,
-            {
-                "backend": backend,
-                "version": version.name,
-                "depth": depth,
-                "attempt": attempt,
-                "parent_step_id": parent_step.pk if parent_step else None,
-                "raw_output": proposal.raw_output,
-                "plan": plan.as_dict() if plan is not None else None,
-                "error": why,
-                "alternatives": proposal.alternatives,
-                "policy_checks": checks,
-                "blocked_by": blocked_by,
-            },
-        )
-        decision.planned_steps = steps  # type: ignore[attr-defined]  # execute_plan's, as recorded
-        # The steps that see no other start with the plan: their calls, for execute_plan to send.
-        decision.begun = begin_with_plan(run, steps, fenced, writes) if plan is not None else {}  # type: ignore[attr-defined]
-        recorded[:] = [decision]
-
-    write_once(
-        run,
-        stage,
-        cost=proposal.cost_usd,
-        input_tokens=proposal.input_tokens,
-        output_tokens=proposal.output_tokens,
-    )
-    return recorded[0]

@@ -27,123 +27,144 @@ from django.utils import timezone
 
 from audit.actions import Action
 
-from ..models import Decision, Run, Step, StepStatus, StopReason
-from .calls import (
-    Call,
-    Sent,
-    begin_next,
-    begin_retry,
-    begin_step,
-    call_metadata,
-    dependencies,
-    send,
-    settle,
-    started_payload,
-    starts_with_the_last,
-)
-from .record import Fence, RunStopped, Writes, fenced_write, record_event
-from .recursion import execute_conductor_step
+from ..models import Step, StepStatus, StopReason
+from .calls import Call, Sent, call_metadata, dependencies, send
+from .execution import Assumed, RunExecution, RunStopped
+from .fence import fenced_write, record_event
+from .plan_record import RecordedPlan
+from .statement import Writes
+from .step_settle import settle
+from .step_start import begin_next, begin_retry, begin_step, started_payload, starts_with_the_last
 
 log = logging.getLogger(__name__)
 
 
-def execute_plan(run: Run, decision: Decision, *, ending: Callable[[Call, Sent], bool] | None = None) -> Step:
+def execute_plan(
+    execution: RunExecution, recorded: RecordedPlan, *, ending: Callable[[Call, Sent], bool] | None = None
+) -> Step:
     """Run the plan's steps; independent steps run concurrently. Returns the last step (its response
     is the plan's answer). Raises RunStopped on failure. `ending`: offered the success of the plan's
     last step when every other has succeeded; True when it recorded it (with what ends the run), else
     it is recorded here."""
-    # The plan's steps as recorded (their workers with them), or read back (a resumed run, a plan
-    # recorded by an earlier delivery).
-    planned = getattr(decision, "planned_steps", None)
-    steps = {
-        s.index: s for s in (planned if planned is not None else decision.steps.select_related("worker"))
-    }
-    with_plan: dict[int, Call] = dict(getattr(decision, "begun", None) or {})  # started with the plan
-    done = {i for i, s in steps.items() if s.status == StepStatus.SUCCEEDED}
-    busy: set[int] = set()
-    pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
-    first_error: RunStopped | None = None
+    return _Schedule(execution, recorded, ending).run()
 
-    pool = _Share(settings.CONDUCTOR_STEP_CONCURRENCY)
-    try:
-        ready: list[int] = []
 
-        def start(fn: Callable[..., Any], *args: Any) -> Future[Any]:
-            if not pending and not ready:  # nothing else to do meanwhile: here, on this thread
-                return _now(fn, *args)
-            # The pool thread logs and traces with the run's ids (routing.log_context): a copy of this context.
-            return pool.submit(contextvars.copy_context().run, fn, *args)
+class _Schedule:
+    """One plan's steps as they run: which are done, which busy (a call in flight, or its backoff), the
+    calls pending, and the first error (after which nothing new starts, and what is in flight ends)."""
 
-        while True:
-            ready = _ready(steps, done, busy) if first_error is None else []
-            nested = False
-            while ready and first_error is None:
-                step = steps[ready.pop(0)]
-                visible = [steps[i] for i in dependencies(step)]
-                try:
-                    if step.is_conductor:  # last of the ready: its siblings' calls go out first
-                        _conductor_step(run, step, visible)
-                        done.add(step.index)
-                        nested = True
-                        continue
-                    call = with_plan.pop(step.index, None) or begin_step(run, step, visible)
-                    busy.add(step.index)
-                    pending[start(send, call, call_metadata(run))] = call
-                except RunStopped as stop:
-                    first_error = stop
-            if nested:
-                continue  # a conductor step answered: the steps that see it may be ready
-            if not pending:
-                break
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                call = pending.pop(future)
-                outcome = future.result()
-                try:
-                    if isinstance(outcome, Sent):
-                        index = call.step.index
-                        if (
-                            ending is not None
-                            and outcome.error is None
-                            and not pending
-                            and first_error is None
-                            and index == max(steps)
-                            and len(done) == len(steps) - 1
-                            and ending(call, outcome)
-                        ):
-                            done.add(index)
-                            busy.discard(index)
-                            continue
-                        # A sequence: the one step whose turn this success makes starts in its transaction.
-                        follower = _follower(steps, done | {index}, busy - {index}) if not pending else None
-                        begun: list[tuple[Call, RunStopped | None]] = []
-                        then = None
-                        if follower is not None and first_error is None:
-                            then = partial(_begin_follower, run, steps, follower, begun)
-                        if settle(run, call, outcome, then=then):
-                            done.add(call.step.index)
-                            busy.discard(call.step.index)
-                            for follow, stopped in begun:
-                                if stopped is not None:
-                                    raise stopped
-                                busy.add(follow.step.index)
-                                pending[start(send, follow, call_metadata(run))] = follow
-                        else:
-                            pending[start(time.sleep, call.delay_s)] = call  # back off, then try again
-                    elif first_error is None:  # its backoff is over: the next attempt
-                        begin_retry(run, call)
-                        pending[start(send, call, call_metadata(run))] = call
-                    # else the run is stopping: no new attempt (the step is settled with the run)
-                except RunStopped as stop:
-                    first_error = first_error or stop
-    finally:
-        pool.cancel_waiting()  # on the way out with an error: what never started is not started now
-        wait(list(pending))  # no call of the run is left in flight when it returns, or raises
-    if first_error is not None:
-        raise first_error
-    if len(done) != len(steps):  # pragma: no cover - the schedule above always reaches every step
-        raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
-    return steps[max(steps)]
+    def __init__(
+        self, execution: RunExecution, recorded: RecordedPlan, ending: Callable[[Call, Sent], bool] | None
+    ) -> None:
+        self.execution, self.ending = execution, ending
+        # The plan's steps as recorded (their workers with them), or read back (a resumed run, a plan
+        # recorded by an earlier delivery).
+        planned = recorded.steps
+        if planned is None:
+            planned = list(recorded.decision.steps.select_related("worker"))
+        self.steps = {s.index: s for s in planned}
+        self.with_plan: dict[int, Call] = dict(recorded.begun)  # started with the plan
+        self.done = {i for i, s in self.steps.items() if s.status == StepStatus.SUCCEEDED}
+        self.busy: set[int] = set()
+        self.ready: list[int] = []
+        self.pending: dict[Future[Any], Call] = {}  # a call being sent, or waiting out its backoff
+        self.first_error: RunStopped | None = None
+        self.pool = _Share(settings.CONDUCTOR_STEP_CONCURRENCY)
+
+    def run(self) -> Step:
+        try:
+            while True:
+                if self._start_ready():
+                    continue  # a conductor step answered: the steps that see it may be ready
+                if not self.pending:
+                    break
+                finished, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    call = self.pending.pop(future)
+                    try:
+                        self._came_back(call, future.result())
+                    except RunStopped as stop:
+                        self.first_error = self.first_error or stop
+        finally:
+            self.pool.cancel_waiting()  # on the way out with an error: what never started is not started now
+            wait(list(self.pending))  # no call of the run is left in flight when it returns, or raises
+        if self.first_error is not None:
+            raise self.first_error
+        if len(self.done) != len(self.steps):  # pragma: no cover - the schedule always reaches every step
+            raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
+        return self.steps[max(self.steps)]
+
+    def _start(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if not self.pending and not self.ready:  # nothing else to do meanwhile: here, on this thread
+            return _now(fn, *args)
+        # The pool thread logs and traces with the run's ids (routing.log_context): a copy of this context.
+        return self.pool.submit(contextvars.copy_context().run, fn, *args)
+
+    def _send(self, call: Call) -> None:
+        self.busy.add(call.step.index)
+        self.pending[self._start(send, call, call_metadata(self.execution))] = call
+
+    def _start_ready(self) -> bool:
+        """Start every step whose turn it is (a conductor step, last, on this thread). True when a
+        conductor step answered."""
+        self.ready = _ready(self.steps, self.done, self.busy) if self.first_error is None else []
+        nested = False
+        while self.ready and self.first_error is None:
+            step = self.steps[self.ready.pop(0)]
+            visible = [self.steps[i] for i in dependencies(step)]
+            try:
+                if step.is_conductor:  # last of the ready: its siblings' calls go out first
+                    _conductor_step(self.execution, step, visible)
+                    self.done.add(step.index)
+                    nested = True
+                    continue
+                call = self.with_plan.pop(step.index, None) or begin_step(self.execution, step, visible)
+                self._send(call)
+            except RunStopped as stop:
+                self.first_error = stop
+        return nested
+
+    def _came_back(self, call: Call, outcome: Any) -> None:
+        """A call's outcome (Sent), or the end of its backoff (then its next attempt)."""
+        if not isinstance(outcome, Sent):
+            if self.first_error is None:  # else the run is stopping: the step is settled with the run
+                begin_retry(self.execution, call)
+                self.pending[self._start(send, call, call_metadata(self.execution))] = call
+            return
+        index = call.step.index
+        if self._ends_the_run(call, outcome):
+            self.done.add(index)
+            self.busy.discard(index)
+            return
+        # A sequence: the one step whose turn this success makes starts in its transaction.
+        follower = (
+            _follower(self.steps, self.done | {index}, self.busy - {index}) if not self.pending else None
+        )
+        begun: list[tuple[Call, RunStopped | None]] = []
+        then = None
+        if follower is not None and self.first_error is None:
+            then = partial(_begin_follower, self.execution, self.steps, follower, begun)
+        if not settle(self.execution, call, outcome, then=then):
+            self.pending[self._start(time.sleep, call.delay_s)] = call  # back off, then try again
+            return
+        self.done.add(index)
+        self.busy.discard(index)
+        for follow, stopped in begun:
+            if stopped is not None:
+                raise stopped
+            self._send(follow)
+
+    def _ends_the_run(self, call: Call, outcome: Sent) -> bool:
+        """The plan's last step succeeded, every other had: `ending` may record it with the run's end."""
+        return (
+            self.ending is not None
+            and outcome.error is None
+            and not self.pending
+            and self.first_error is None
+            and call.step.index == max(self.steps)
+            and len(self.done) == len(self.steps) - 1
+            and self.ending(call, outcome)
+        )
 
 
 class _Share:
@@ -243,15 +264,15 @@ def _follower(steps: dict[int, Step], done: set[int], busy: set[int]) -> Step | 
 
 
 def _begin_follower(
-    run: Run,
+    execution: RunExecution,
     steps: dict[int, Step],
     follower: Step,
     begun: list[tuple[Call, RunStopped | None]],
-    fenced: Fence,
+    assumed: Assumed,
     writes: Writes,
 ) -> None:
-    # Staged, perhaps twice (record.write_once): the last staging is the one written.
-    begun[:] = [begin_next(run, follower, [steps[i] for i in dependencies(follower)], fenced, writes)]
+    # Staged, perhaps twice (fence.write_once): the last staging is the one written.
+    begun[:] = [begin_next(execution, follower, [steps[i] for i in dependencies(follower)], assumed, writes)]
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -264,17 +285,19 @@ def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     return future
 
 
-def _conductor_step(run: Run, step: Step, visible: list[Step]) -> None:
+def _conductor_step(execution: RunExecution, step: Step, visible: list[Step]) -> None:
     """A conductor step: started, then its nested plan (on this thread); its answer read back."""
-    start_step(run, step, visible)
-    execute_conductor_step(run, step)
+    from .recursion import execute_conductor_step  # cycle: a nested plan runs as a DAG too (schedule)
+
+    start_step(execution, step, visible)
+    execute_conductor_step(execution, step)
     step.refresh_from_db(fields=["status", "response"])
 
 
-def start_step(run: Run, step: Step, visible: list[Step]) -> None:
-    """A conductor step running (worker steps start with their first attempt: calls.begin_step)."""
-    with fenced_write(run):
+def start_step(execution: RunExecution, step: Step, visible: list[Step]) -> None:
+    """A conductor step running (worker steps start with their first attempt: step_start.begin_step)."""
+    with fenced_write(execution):
         step.status = StepStatus.RUNNING
         step.started_at = step.started_at or timezone.now()
         Step.objects.filter(pk=step.pk).update(status=step.status, started_at=step.started_at)
-        record_event(run, Action.STEP_STARTED, step, started_payload(run, step, visible))
+        record_event(execution, Action.STEP_STARTED, step, started_payload(execution, step, visible))

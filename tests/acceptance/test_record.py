@@ -233,7 +233,7 @@ def test_workers(record: Record):
 
 
 # provider_500's run stops with its conductor step never started: this holds only with the engine's
-# settlement of unrun steps (routing/engine/finish.py `_settle_steps`, which marks them skipped). Before that
+# settlement of unrun steps (routing/engine/run_failure.py `settle_steps`, which marks them skipped). Before that
 # fix the step was left pending; if this fails with provider_500's step 1 "pending", that is the defect.
 def test_every_step_of_a_finished_run_is_in_a_terminal_state(record: Record):
     finished = Run.objects.filter(status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED])

@@ -702,8 +702,10 @@ def test_a_run_ended_in_one_statement_is_sealed_into_the_global_chain_with_its_t
         server.program("alpha", [Reply(answer)])
         with CaptureQueriesContext(connection) as captured:
             runs.append(run_now(submit()))
-    ended = [q["sql"] for q in captured.captured_queries if "ge AS (INSERT INTO" in q["sql"]]
-    assert len(ended) == 1 and ended[0].startswith("WITH f AS"), "the second run did not end in one statement"
+    ended = [q["sql"] for q in captured.captured_queries if "server_event AS (INSERT INTO" in q["sql"]]
+    assert len(ended) == 1 and ended[0].startswith("WITH run_as_assumed AS"), (
+        "the second run did not end in one statement"
+    )
 
     for run in runs:
         assert run.status == "succeeded"

@@ -30,8 +30,8 @@ from conductor_web import embedded
 from conductor_web.celery import worker_command
 from routing import engine
 from routing.engine.claim import claim_run
+from routing.engine.fence import record_event
 from routing.engine.planning import ensure_plan
-from routing.engine.record import record_event
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
 from routing.tasks import (
@@ -123,22 +123,22 @@ def test_a_stale_claim_cannot_write(live_pool):
     claim_run(run.pk)  # another process's claim
 
     with pytest.raises(engine.Fenced), transaction.atomic():
-        record_event(stale, "step.started", stale, {})
+        record_event(stale, "step.started", stale.run, {})
     assert not Run.objects.get(pk=run.pk).steps.exists()
 
 
 def test_the_lock_connection_is_kept_between_runs_and_one_the_server_ended_is_replaced(live_pool):
     with engine.run_lock(101) as first:
         assert first is not None
-        pid = first.info.backend_pid
+        pid = first.conn.info.backend_pid
     with engine.run_lock(102) as second:  # the next run: the same connection, its lock released
-        assert second is not None and second.info.backend_pid == pid
+        assert second is not None and second.conn.info.backend_pid == pid
         with engine.run_lock(102) as again:  # held: another connection is asked, and refused
             assert again is None
     assert terminate(f"pid = {pid}") == 1  # an idle-session timeout ends the kept connection
 
     with engine.run_lock(103) as third:
-        assert third is not None and third.info.backend_pid != pid
+        assert third is not None and third.conn.info.backend_pid != pid
     assert engine.run_is_locked(103) is False and engine.run_is_locked(101) is False
 
 
@@ -184,10 +184,10 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, 
     # The state a killed process leaves: its step running, its call started, nobody holding the lock.
     with engine.run_lock(run.pk):
         claimed = claim_run(run.pk)
-        decision = ensure_plan(claimed, parent_step=None, depth=0)
+        recorded = ensure_plan(claimed, parent_step=None, depth=0)
         # The step started with its first attempt, in the plan's own statement (it sees no other
         # step), as the engine leaves them before the call.
-        step = decision.begun[0].step
+        step = recorded.begun[0].step
         assert Attempt.objects.get(step=step).status == Attempt.Status.STARTED
 
     engine.execute_run(run.pk)
@@ -201,7 +201,8 @@ def test_a_lost_call_is_estimated_counted_in_the_totals_and_recorded(live_pool, 
     )
     assert run.status == RunStatus.SUCCEEDED and run.task.cost_usd == run.cost_usd
     assert (
-        run.cost_usd == lost.cost_usd + Attempt.objects.get(step=step, number=2).cost_usd + decision.cost_usd
+        run.cost_usd
+        == lost.cost_usd + Attempt.objects.get(step=step, number=2).cost_usd + recorded.decision.cost_usd
     )
     event = AuditEvent.objects.get(correlation_id=run.correlation_id, action="run.resumed")
     assert event.payload["lost_attempts"] == [

@@ -1,5 +1,5 @@
 """What a run costs the database, pinned: statements and transactions of a plan and three steps
-(as NetBox pins its views' queries). A change that adds some must say so here, with its reason."""
+(as NetBox pins its views' queries). A change that adds some says why in its commit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from routing import engine
+from routing.engine import RunExecution
 from routing.models import Attempt, Run, RunStatus
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import submit
@@ -17,44 +18,10 @@ from tests.routing.test_engine import submit
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # A plan by the LLM conductor and three steps, each seeing the one before (so one is ready at a
-# time), each answered at the first call. 116 statements: 3 at the end add the run to the rollups the
-# aggregate pages read. 143 before the audit head was locked in one statement (not an upsert, then a
-# lock); 132 before a step's earlier attempts were counted in one query and a first attempt's totals
-# taken as the step's; 129 before an audit event was inserted and its head moved in one statement;
-# 119 before the fence (which locks the run) also beat its heartbeat, in one UPDATE ... RETURNING;
-# 116 (12 transactions) before: an audit append on the head the engine remembers became one statement;
-# every write transaction fenced once, in its first statement, which also adds the cost to the run
-# (the task's totals are summed once, when the run ends); a step's first attempt was inserted in the
-# transaction that starts it; the budget was read from the fence; a first delivery stopped looking up
-# decisions and steps it cannot have; steps were started from the plan's rows already read.
-# 73 before: a first delivery stopped looking for lost attempts, the run's answer came from the last
-# step in hand, and the policy rules' stamp rode on each step's fence (the rules read only when it moves);
-# 67 before a seal became one UPDATE ... RETURNING and the run's final totals came from its fence;
-# 65 (9 transactions) before a step of a sequence started in the transaction of the success before it.
-# 59 (7 commits, and reads outside them) before a step's start and its success became one statement
-# each (its own transaction, on the run as this process last fenced it: engine.record.write_once), the
-# claim read the policy rules' stamp the plan's screening uses, and the plan's steps were kept as
-# recorded. Transactions now count a statement outside BEGIN ... COMMIT as one.
-# 31 (9 transactions) before the plan was recorded in one statement too (its id drawn first); 27 (10)
-# before a first delivery's claim was one statement, on the run read just before; 22 before the run's
-# end was written in its fence's statement and the three rollup statements were sent together (one
-# round trip, counted here as one); 19 (11) before the plan's policy check moved into its statement
-# (on the rules' stamp it checks) and the workers were read as of a stamp read with the claim.
-# 17 before the engine's statements were prepared on the server (audit.rows.prepared_cursor: parsed
-# and planned once per connection, which was more than their round trips): the three rollup statements
-# are now sent each on its own (a prepared statement is one statement), and the run chain's seal rides
-# on its last event's append. 18 (9) before the plan's first steps (those that see no other) started
-# in the plan's own statement, their ids drawn with the decision's. 17 before the three rollups became
-# one prepared statement (their expressions side by side: none reads another's rows). 15 still when the
-# rollups statement left the run's end for a fold of many runs, after it (routing.rollups.fold): the run
-# end's statement in its place writes one waiting row. 10 since the run's end became one statement
-# (routing.engine.finish._end_at_once: the fence, the task's end, the look for unsettled steps, the
-# sealing event, the seal in the global chain, whose hash the server makes on the head it finds, and
-# the waiting row), still in BEGIN ... COMMIT for run_finished's receivers. 8 (7) since the end of a
-# run for which no receiver of run_finished writes (routing.signals.writes_at_end: a live run) is that
-# statement alone, its own transaction. 7 since the first plan's ids are drawn with the claim's read.
-# 6 (6) since the last step's success is written in the run's end's statement
-# (routing.engine.finish.EndWithLastStep).
+# time), each answered at the first call: one statement per write, each its own transaction. The
+# claim (with the read before it that draws the first plan's ids), the plan with the first step's
+# start, each step's success with the next step's start, and the last step's success with the run's
+# end (its seals and the row that leaves it waiting for a fold of the rollups).
 STATEMENTS = 6
 TRANSACTIONS = 6
 
@@ -91,7 +58,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # Every write is one statement, its own transaction (the change with its events, on the run as this
     # process last read it): the claim, the plan with its steps and the first step's start, each step's
     # success with the next step's start, and the last step's success with the run's end.
-    one_statement = [s for s in sql if s.startswith("WITH f AS")]
+    one_statement = [s for s in sql if s.startswith("WITH run_as_assumed AS")]
     assert len(one_statement) == 5, one_statement
     assert '"claim_epoch": 1' in one_statement[0] and 'INSERT INTO "routing_decision"' in one_statement[1]
     # The claim's commit alone does not wait for the WAL's flush (the plan's, next, flushes it too): for
@@ -102,7 +69,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
     assert one_statement[1].count('INSERT INTO "routing_attempt"') == 1  # step 0 started with the plan
-    assert one_statement[1].count('"action":"step.started"') == 1
+    assert one_statement[1].count('"action": "step.started"') == 1
     plan = sql.index(one_statement[1])
     assert sql[plan : plan + 3] == one_statement[1:4]  # nothing read or written between the steps
     # The last step's success and the run's end: its answer, score, totals, the task's, its sealing
@@ -110,7 +77,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # rollups: one statement, its own transaction (no receiver of run_finished writes for a live run).
     end = one_statement[4]
     assert sql[plan + 3 :] == [end]
-    assert end.index('"action":"step.succeeded"') < end.index('"action":"run.succeeded"')
+    assert end.index('"action": "step.succeeded"') < end.index('"action": "run.succeeded"')
     assert '"action": "run.sealed"' in end and 'UPDATE "routing_attempt"' in end
     assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
     assert [s for s in sql if "routing_pendingrollup" in s] == [end]
@@ -123,7 +90,7 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     # run again, the same statements are not prepared anew, though its totals need a larger integer
     # type (integers go as bigint: a parameter's type is part of what psycopg prepared).
     prepared = _prepared()
-    assert prepared["WITH f AS"] >= 4, prepared
+    assert prepared["WITH run_as_assumed AS"] >= 4, prepared
     server.program(
         "conductor", [Reply(plan_json(("alpha", "A", []), ("beta", "B", [0]), ("gamma", "C", [1])))]
     )
@@ -136,13 +103,13 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
 
 
 def _prepared() -> dict[str, int]:
-    """This connection's prepared statements: how many, how many are engine writes (WITH f AS ...)."""
+    """This connection's prepared statements: how many, how many are engine writes (WITH run_as_assumed AS ...)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH f AS%%') FROM pg_prepared_statements"
+            "SELECT count(*), count(*) FILTER (WHERE statement LIKE 'WITH run_as_assumed AS%%') FROM pg_prepared_statements"
         )
         count, writes = cursor.fetchone()
-    return {"count": count, "WITH f AS": writes}
+    return {"count": count, "WITH run_as_assumed AS": writes}
 
 
 def count_transactions(sql: list[str]) -> int:
@@ -169,7 +136,7 @@ def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_wri
     (routing.signals.writes_at_end), the end and the receivers are one transaction, and a receiver
     that fails takes the end back with it."""
     from routing import signals
-    from routing.engine import finish
+    from routing.engine import run_end
 
     monkeypatch.setattr(signals, "_WRITTEN_AT_END", {Run.Kind.LIVE} if written else set())
     server = live_pool["server"]
@@ -192,10 +159,10 @@ def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_wri
         claimed, last = _ready_to_finish(run)
         if written:
             with pytest.raises(RuntimeError, match="the receiver failed"):
-                finish.finish_run(claimed, last=last)
+                run_end.finish_run(claimed, last=last)
         else:
-            with caplog.at_level(logging.ERROR, logger="routing.engine.finish"):
-                finish.finish_run(claimed, last=last)
+            with caplog.at_level(logging.ERROR, logger="routing.engine.events"):
+                run_end.finish_run(claimed, last=last)
             assert f"run {run.pk} ended; a receiver of run_finished failed after it" in caplog.text
     finally:
         signals.run_finished.disconnect(sender=Run, dispatch_uid="test.receiver")
@@ -206,10 +173,11 @@ def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_wri
     assert run.status == (RunStatus.RUNNING if written else RunStatus.SUCCEEDED)
 
 
-def _ready_to_finish(run: Run) -> tuple[Run, object]:
+def _ready_to_finish(run: Run) -> tuple[RunExecution, object]:
     """The run claimed and its plan executed by the engine, its end left to the test."""
     from routing.engine import claim, planning, schedule
 
     claimed = claim.claim_run(run.pk)
-    decision = planning.ensure_plan(claimed, parent_step=None, depth=0)
-    return claimed, schedule.execute_plan(claimed, decision)
+    assert claimed is not None
+    recorded = planning.ensure_plan(claimed, parent_step=None, depth=0)
+    return claimed, schedule.execute_plan(claimed, recorded)

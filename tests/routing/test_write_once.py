@@ -1,4 +1,4 @@
-"""A step's writes as one statement (engine.record.write_once): written only when the run is as this
+"""A step's writes as one statement (engine.fence.write_once): written only when the run is as this
 process last fenced it; when something moved under it (the totals, the chain's head), nothing of the
 statement is written and the change is made again in a fenced transaction, on what the fence reads."""
 
@@ -32,7 +32,7 @@ def two_steps(server, alpha) -> None:
 
 
 def one_statement_writes(sql: list[str]) -> list[str]:
-    return [s for s in sql if s.startswith("WITH f AS")]
+    return [s for s in sql if s.startswith("WITH run_as_assumed AS")]
 
 
 def executed_in_thread(run: Run) -> tuple[threading.Thread, list[BaseException | None]]:
@@ -190,7 +190,7 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
 def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_run_moved(
     live_pool, no_fold_after_runs
 ):
-    """The last step's success and the run's end are one statement (finish.EndWithLastStep) when the run
+    """The last step's success and the run's end are one statement (run_end.EndWithLastStep) when the run
     is as this process last read it. When something moved it during that step's call, nothing of that
     statement is written: the success is recorded on its own (fenced), then the run ended, each once."""
     server = live_pool["server"]
@@ -223,7 +223,7 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
             # The claim, the plan with step 0's start, its success with step 1's start, and step 1's
             # success with the run's end: four statements, nothing else written.
             assert len(writes) == 4 and "BEGIN" not in sql
-            assert '"action":"step.succeeded"' in writes[-1] and '"action":"run.succeeded"' in writes[-1]
+            assert '"action": "step.succeeded"' in writes[-1] and '"action": "run.succeeded"' in writes[-1]
             assert_rollups_exact(run)  # the run's totals its calls', the task's its run's
             assert not verify(chains=[audit_chain.run_chain(run.correlation_id)]).problems
             moved.append(run)
@@ -232,9 +232,9 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
         # totals; the success was then written in a fenced transaction, and the end in one statement
         # on what that fence read.
         assert len(writes) == 6 and sql.count("BEGIN") == 1
-        assert '"action":"run.succeeded"' in writes[3] and '"action":"run.succeeded"' not in writes[4]
+        assert '"action": "run.succeeded"' in writes[3] and '"action": "run.succeeded"' not in writes[4]
         assert sql.index(writes[4]) < sql.index("BEGIN") < sql.index(writes[5])
-        assert '"action":"run.succeeded"' in writes[5] and '"action":"step.succeeded"' not in writes[5]
+        assert '"action": "run.succeeded"' in writes[5] and '"action": "step.succeeded"' not in writes[5]
         assert run.cost_usd == outside + Attempt.objects.get(step=last).cost_usd
         for step in Step.objects.filter(run=run):
             for action in ("step.started", "step.succeeded"):
@@ -302,7 +302,7 @@ def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_gl
             cursor.execute("SELECT 1 FROM audit_chainhead WHERE chain = %s FOR UPDATE", [GLOBAL_CHAIN])
             thread.start()
             # the one write that waits for the global head
-            assert waits_for_a_lock(probe, thread, "WITH f AS%"), (
+            assert waits_for_a_lock(probe, thread, "WITH run_as_assumed AS%"), (
                 "the run's end never waited for the global head"
             )
             with pytest.raises(psycopg.errors.LockNotAvailable):
@@ -325,7 +325,7 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
     not write the task's totals from that read: the sibling's cost (here added at its end, as a judge's
     is) is in the task's totals, which are the sum of its runs'. Both ways a run ends: in one
     statement, and in the fenced transaction (whose task update waited for the row too)."""
-    from routing.engine import finish
+    from routing.engine import run_end
 
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))] * 2)
@@ -339,14 +339,14 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
         status=RunStatus.RUNNING,
     )
     at_end, locked = threading.Event(), threading.Event()
-    original = finish._end_at_once
+    original = run_end._end_at_once
 
     def end_at_once(*args, **kwargs):
         at_end.set()
         assert locked.wait(30)
         return original(*args, **kwargs) if at_once else False
 
-    monkeypatch.setattr(finish, "_end_at_once", end_at_once)
+    monkeypatch.setattr(run_end, "_end_at_once", end_at_once)
     probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     thread, outcome = executed_in_thread(run)
     thread.start()
@@ -359,7 +359,7 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
             locked.set()
             # the end's own statement waits for the row this transaction holds: the one statement, or
             # a statement of the fenced end on the task's row
-            waiting = "WITH f AS%" if at_once else "%routing_task%"
+            waiting = "WITH run_as_assumed AS%" if at_once else "%routing_task%"
             assert waits_for_a_lock(probe, thread, waiting, holder), (
                 "the run's end never waited for the task's row"
             )

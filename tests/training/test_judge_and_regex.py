@@ -116,8 +116,8 @@ def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(j
     judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
     with CaptureQueriesContext(connection) as captured:
         run = judged_run()
-    (end,) = [q["sql"] for q in captured.captured_queries if "ge AS (INSERT INTO" in q["sql"]]
-    assert end.startswith("WITH f AS") and '"action":"score.judged"' in end
+    (end,) = [q["sql"] for q in captured.captured_queries if "server_event AS (INSERT INTO" in q["sql"]]
+    assert end.startswith("WITH run_as_assumed AS") and '"action": "score.judged"' in end
 
     events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
     assert [e.action for e in events[-2:]] == ["score.judged", "run.succeeded"]

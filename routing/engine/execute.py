@@ -1,0 +1,56 @@
+"""The entry point: take the run's lock, claim the run, plan it, run its steps, end it."""
+
+from __future__ import annotations
+
+import logging
+
+from .. import log_context
+from ..models import StopReason
+from ..secrets import redact
+from .claim import claim_run
+from .execution import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunExecution, RunStopped
+from .locks import Keeper, run_lock
+from .planning import ensure_plan
+from .run_end import EndWithLastStep, finish_run
+from .run_failure import fail_run
+from .schedule import execute_plan
+
+log = logging.getLogger(__name__)
+
+
+def execute_run(run_id: int) -> None:
+    """Claim a run and execute it. Raises InfrastructureError when the database failed under it."""
+    try:
+        with run_lock(run_id) as lock:
+            if lock is None:
+                log.info("run %s is being executed by another process; leaving it", run_id)
+                return
+            execution = claim_run(run_id)
+            if execution is None:
+                return
+            with log_context.bound(execution.run), Keeper(lock, execution):
+                _execute(execution)
+            lock.release_later = True  # the run ended: its lock goes with the next one taken
+    except Fenced as fenced:
+        log.warning("%s", fenced)
+    except INFRASTRUCTURE_ERRORS as exc:
+        raise InfrastructureError(f"run {run_id}: {type(exc).__name__}: {exc}") from exc
+
+
+def _execute(execution: RunExecution) -> None:
+    run = execution.run
+    try:
+        root = ensure_plan(execution, parent_step=None, depth=0)
+        ending = EndWithLastStep(execution)  # the last step's success and the run's end, one statement
+        last = execute_plan(execution, root, ending=ending)
+        if not ending.ended:
+            finish_run(execution, last=last)
+    except RunStopped as stop:
+        fail_run(execution, str(stop), stop.stop_reason)
+    except (Fenced, *INFRASTRUCTURE_ERRORS):
+        raise  # not the run's failure: nothing may (or can) be written; the next delivery resumes it
+    except Exception as exc:
+        # A bug: leave a clear failed state rather than a run stuck in "running".
+        log.exception("run %s failed unexpectedly", run.pk)
+        fail_run(execution, redact(f"internal error: {type(exc).__name__}: {exc}"), StopReason.INTERNAL)
+        raise
