@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # Recorded outcomes of real models: the offline worker pool. Read in place, never copied.
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
-.PHONY: demo test test-quick lint install-demo install-test local-model chromium pango prometheus phoenix stop chaos bench-langgraph
+.PHONY: demo test test-quick lint install-demo install-test local-model chromium pango prometheus phoenix stop chaos bench-langgraph \
+	bench-langgraph-user-path
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -85,3 +86,8 @@ chaos: install-test
 bench-langgraph: install-test
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train,bench]'
 	$(PY) -m bench.engine_vs_langgraph $(BENCH_ARGS)
+
+# The same, as users wait: submission to end, both sides through a Celery worker (BENCH_ARGS: --tasks, --rounds, --write).
+bench-langgraph-user-path: install-test
+	$(PY) -m pip install --quiet -e '.[embedded,dev,train,bench]'
+	$(PY) -m bench.engine_vs_langgraph --user-path $(BENCH_ARGS)

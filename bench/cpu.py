@@ -1,8 +1,11 @@
-"""CPU time of the database server behind a connection, read from /proc, for the benchmarks' figures."""
+"""CPU time of the database server behind a connection and of worker processes, read from /proc, and
+the clock that the benchmarks time one side of a comparison with."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +24,62 @@ def database_cpu_s(connection: Any) -> float | None:
         return None
     try:
         postmaster = int((directory / "postmaster.pid").read_text().split()[0])
-        ticks = os.sysconf("SC_CLK_TCK")
-
-        def stat(pid: int | str) -> list[str]:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-        own = stat(postmaster)  # fields from the state on: utime, stime, cutime, cstime are 11 to 14
-        total = sum(int(v) for v in own[11:15])
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = stat(entry.name)
-                except OSError:
-                    continue  # gone meanwhile: counted in the postmaster's children's time
-                if int(fields[1]) == postmaster:
-                    total += int(fields[11]) + int(fields[12])
-        return total / ticks
+        return process_tree_cpu_s(postmaster)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _stat(pid: int | str) -> list[str]:
+    """A process's /proc stat fields from its state on (utime, stime, cutime, cstime are 11 to 14)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a process and its children, live (one level: a server's backends, a
+    Celery worker's pool processes) and exited (its children's time). Linux only (OSError elsewhere)."""
+    own = _stat(pid)
+    total = sum(int(v) for v in own[11:15])
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = _stat(entry.name)
+            except OSError:
+                continue  # gone meanwhile: counted in the parent's children's time
+            if int(fields[1]) == pid:
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def processes_cpu_s(pids: Iterable[int]) -> float:
+    """CPU seconds of this process and of the process trees `pids` (workers it started)."""
+    return time.process_time() + sum(process_tree_cpu_s(pid) for pid in pids)
+
+
+class Clock:
+    """One side's timed part: wall time, the CPU time of this process and of the worker processes
+    `pids` (with their children), the database server's CPU time (None where /proc cannot tell) and
+    the WAL it wrote (its LSNs, for pg_waldump), from here to `stop`."""
+
+    def __init__(self, connection: Any, pids: Iterable[int] = ()) -> None:
+        self.connection, self.pids = connection, list(pids)
+        self.db, self.wal = database_cpu_s(connection), wal_lsn(connection)
+        self.wall, self.cpu = time.perf_counter(), processes_cpu_s(self.pids)
+
+    def stop(self, count: Callable[[], int]) -> dict[str, Any]:
+        """The figures per step, the steps counted (`count`) once the clocks are read."""
+        wall, cpu = time.perf_counter() - self.wall, processes_cpu_s(self.pids) - self.cpu
+        db, wal = database_cpu_s(self.connection), wal_lsn(self.connection)
+        steps = count()
+        return {
+            "ms_per_step": 1000 * wall / steps,
+            "cpu_ms_per_step": 1000 * cpu / steps,
+            "db_cpu_ms_per_step": None if db is None or self.db is None else 1000 * (db - self.db) / steps,
+            "wal_kb_per_step": None
+            if wal is None or self.wal is None
+            else wal_bytes(self.wal, wal) / 1000 / steps,
+            "wal": None if wal is None or self.wal is None else f"{self.wal}-{wal}",
+            "steps": steps,
+        }
 
 
 def wal_lsn(connection: Any) -> str | None:

