@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
 .PHONY: demo test test-quick lint install-demo install-test local-model chromium pango prometheus phoenix stop chaos bench-langgraph \
-	bench-langgraph-user-path
+	bench-langgraph-user-path bench-throughput-provider
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -91,3 +91,7 @@ bench-langgraph: install-test
 bench-langgraph-user-path: install-test
 	$(PY) -m pip install --quiet -e '.[embedded,dev,train,bench]'
 	$(PY) -m bench.engine_vs_langgraph --user-path $(BENCH_ARGS)
+
+# Runs/s and steps/s with 1, 2 and 4 worker processes, every provider call taking 200 ms.
+bench-throughput-provider: install-test
+	$(PY) -m bench.engine --provider-ms 200 --concurrency 1 2 4 $(BENCH_ARGS)
