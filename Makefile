@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export CONDUCTOR_REPLAY_DIR ?= $(abspath ../shared/data/replay/zeroeval-11)
 
 .PHONY: demo test test-quick lint install-demo install-test local-model chromium pango prometheus phoenix stop chaos bench-langgraph \
-	bench-langgraph-user-path bench-throughput-provider
+	bench-langgraph-user-path bench-throughput-provider bench-global-head
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -95,3 +95,7 @@ bench-langgraph-user-path: install-test
 # Runs/s and steps/s with 1, 2 and 4 worker processes, every provider call taking 200 ms.
 bench-throughput-provider: install-test
 	$(PY) -m bench.engine --provider-ms 200 --concurrency 1 2 4 $(BENCH_ARGS)
+
+# Run ends a second the global audit chain's head sustains with 1, 2, 4 and 8 enders.
+bench-global-head: install-test
+	$(PY) -m bench.audit_chain --enders 1 2 4 8 $(BENCH_ARGS)
