@@ -1,7 +1,8 @@
 """Login throttling (django-axes), the bounded audit of failed logins, and the password rules.
 
-Before: 30 wrong passwords in 14 s then the right one logged in, every failure appended an event to
-the global chain without bound, and `grant_role --create` accepted the password `a`.
+Checked: repeated wrong passwords lock the login (the right one is then refused too), failed logins
+are audited within a bound rather than one global-chain event each, and `grant_role --create`
+refuses a password that fails Django's password rules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Query parameters read strictly (audit.params): valid dates and moments become aware datetimes in
-UTC; invalid ones are refused with a reason. Every valid date used to answer 500 (django.utils.timezone
-has no `utc` since Django 5), which only invalid values in the acceptance sweep did not reach."""
+UTC; invalid ones are refused with a reason. Valid values are tested here, beside the invalid ones
+the acceptance sweep sends, because only a valid date reaches the conversion to UTC
+(django.utils.timezone has no `utc` since Django 5)."""
 
 from __future__ import annotations
 

@@ -186,7 +186,8 @@ def test_a_finished_task_page_does_not_connect(asgi_page: Page, asgi_log_in, liv
 
 def test_an_idle_live_page_keeps_its_websocket(asgi_page: Page, asgi_log_in, daphne_server):
     """No run going on: nothing is sent for longer than the channel layer's blocking pop. The socket
-    must stay up (it used to drop every ~5-7 s with a TimeoutError in daphne's log)."""
+    must stay up (a read timeout shorter than the pop would drop it every few seconds, with a
+    TimeoutError in daphne's log)."""
     page = asgi_page
     asgi_log_in("olga", Role.OPERATOR)
     task, _ = task_submit(submission=TaskSubmission(text="Nobody runs me"), source=Task.Source.API)

@@ -3,9 +3,10 @@
 channels-redis waits for a message with a blocking pop (BZPOPMIN) that returns after
 `RedisChannelLayer.brpop_timeout` seconds when nothing came; redis-py 8 gives every connection a
 5 s socket timeout unless told otherwise. A read timeout no longer than the blocking pop makes the
-idle wait raise `redis.exceptions.TimeoutError`, which kills the consumer and closes the socket:
-pages dropped every few seconds. With DATABASE_URL/REDIS_URL unset (how the suite runs) the layer
-talks to the embedded Redis over its Unix socket.
+idle wait raise `redis.exceptions.TimeoutError`, which would kill the consumer and close the
+socket, dropping pages every few seconds; the test holds a socket idle past two pops. With
+DATABASE_URL/REDIS_URL unset (how the suite runs) the layer talks to the embedded Redis over its
+Unix socket.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tests.routing.test_live import communicator, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-IDLE_S = 12  # two blocking pops and more: the socket used to drop after about 5 s
+IDLE_S = 12  # two blocking pops and more: past a 5 s socket timeout
 
 
 def test_the_channel_layer_reads_for_longer_than_its_blocking_pop():

@@ -1,8 +1,8 @@
 """API keys come only from allowed variables, and no key reaches anything the app stores.
 
-Before: a worker could name DATABASE_URL as its key variable and have the engine send it to an endpoint
-of the editor's choosing; a provider echoing the request's key put it into attempt rows, run errors and
-append-only audit events for good.
+Checked: a worker cannot name a variable outside the allowed ones (DATABASE_URL, say) as its key
+variable, so the engine never sends such a value to an endpoint an editor chose; and a provider that
+echoes the request's key does not get it into attempt rows, run errors or append-only audit events.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The job form takes its bounds from the service (training.services.*_LIMITS): what the form lets
-through, the service accepts, and the form refuses what the service would (it used to allow 10,000
-epochs where the service stops at 500)."""
+through, the service accepts, and the form refuses what the service would (epochs above the
+service's 500, for one)."""
 
 from __future__ import annotations
 
