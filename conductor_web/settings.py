@@ -4,8 +4,10 @@ With DATABASE_URL and REDIS_URL unset, the app uses its own PostgreSQL and Redis
 (conductor_web.embedded): the same code path as production, with nothing installed but Python.
 The entry points start them (manage.py, asgi.py, celery.py); importing these settings starts nothing.
 
-Why one module of about 400 lines: Django reads one settings module; it is cut into sections (apps,
-security, services, the engine, audit, training), each setting with the reason for its value.
+Long because Django reads one settings module, and one file is where a reader looks for a setting:
+split into modules that star-import each other, a setting's value and the reason for it would be
+harder to find. It is cut into sections instead (apps, security, services, the engine, audit,
+training), each setting with the reason for its value.
 """
 
 from __future__ import annotations

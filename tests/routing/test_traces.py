@@ -23,7 +23,7 @@ from phoenix.client import Client
 
 from audit.models import PolicyRule
 from audit.policies import CLEARANCE_RULE
-from routing import engine, telemetry
+from routing import engine, telemetry, trace_spans
 from routing.log_context import ContextFilter, JsonLines
 from routing.models import Attempt, Decision, Run, RunStatus, Step, Task
 from routing.services import TaskSubmission, task_submit
@@ -147,7 +147,7 @@ def read_back(base: str, run: Run, expected: int) -> list:
 
 
 def span_id(kind: str, pk: int, run: Run) -> str:
-    return f"{telemetry._span_id(run.correlation_id.int, kind, pk):016x}"
+    return f"{trace_spans.span_id(run.correlation_id.int, kind, pk):016x}"
 
 
 def test_a_nested_run_reads_back_from_phoenix_as_the_record_has_it(live_pool, phoenix, exporting):
@@ -217,12 +217,12 @@ def test_a_nested_run_reads_back_from_phoenix_as_the_record_has_it(live_pool, ph
     alpha = next(s for s in steps.values() if s.worker_slug == "alpha")
     beta_span = by_id[span_id("step", beta.pk, run)]
     assert beta_span["attributes"]["conductor_web.step.sees"] == [0]
-    links = telemetry.run_spans(run.pk)
+    links = trace_spans.run_spans(run.pk)
     sent = next(
-        s for s in links if s.context.span_id == telemetry._span_id(run.correlation_id.int, "step", beta.pk)
+        s for s in links if s.context.span_id == trace_spans.span_id(run.correlation_id.int, "step", beta.pk)
     )
     assert [link.context.span_id for link in sent.links] == [
-        telemetry._span_id(run.correlation_id.int, "step", alpha.pk)
+        trace_spans.span_id(run.correlation_id.int, "step", alpha.pk)
     ]
 
     # Content went out (internal data, a receiver cleared for it): what each step was sent and answered.
@@ -239,7 +239,7 @@ def test_a_nested_run_reads_back_from_phoenix_as_the_record_has_it(live_pool, ph
 def test_content_goes_only_to_a_receiver_cleared_for_the_data_class(live_pool, exporting, settings):
     exporting("http://127.0.0.1:9", content_classes=("public",))  # spans are built, not sent here
     run = run_nested(live_pool["server"], text="Internal: what is 6 * 7?")
-    spans = telemetry.run_spans(run.pk)
+    spans = trace_spans.run_spans(run.pk)
     assert len(spans) == 11
     for span in spans:
         assert not {"input.value", "output.value", "gen_ai.input.messages", "gen_ai.output.messages"} & set(
@@ -258,12 +258,12 @@ def test_content_goes_only_to_a_receiver_cleared_for_the_data_class(live_pool, e
         vendors=["tracecorp"],
         data_classes=["internal"],
     )
-    spans = telemetry.run_spans(run.pk)
+    spans = trace_spans.run_spans(run.pk)
     assert spans[0].attributes["conductor_web.content_rule"] == "no-tracecorp"
     assert not any("input.value" in s.attributes for s in spans)
 
     PolicyRule.objects.all().delete()
-    spans = telemetry.run_spans(run.pk)
+    spans = trace_spans.run_spans(run.pk)
     assert spans[0].attributes["conductor_web.content_exported"] is True
     assert spans[0].attributes["input.value"] == "Internal: what is 6 * 7?"
 
@@ -369,7 +369,7 @@ def test_log_format_json_writes_a_json_line_with_the_bound_runs_ids(tmp_path):
 def test_spans_come_from_the_conductor_web_service_unless_the_standard_variables_say_otherwise(monkeypatch):
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
-    attributes = telemetry.service_resource().attributes
+    attributes = trace_spans.service_resource().attributes
     assert attributes["service.name"] == "conductor-web"
     assert attributes["openinference.project.name"] == "conductor-web"
 
@@ -377,7 +377,7 @@ def test_spans_come_from_the_conductor_web_service_unless_the_standard_variables
     monkeypatch.setenv(
         "OTEL_RESOURCE_ATTRIBUTES", "openinference.project.name=audit-eu,deployment.environment=prod"
     )
-    attributes = telemetry.service_resource().attributes
+    attributes = trace_spans.service_resource().attributes
     assert attributes["service.name"] == "conductor-eu"
     assert attributes["openinference.project.name"] == "audit-eu"
     assert attributes["deployment.environment"] == "prod"

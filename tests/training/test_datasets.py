@@ -22,10 +22,11 @@ from training.services import (
     TrainingError,
     dataset_build,
     dataset_files,
+    dataset_groups,
+    dataset_writer,
     rollout_batch_refresh,
     rollouts_start,
 )
-from training.services import datasets as datasets_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,7 +110,7 @@ def test_a_dataset_from_known_runs_has_the_expected_groups_rewards_and_advantage
     # json.dumps writes for it, the prompt is the conductor's, and Parquet holds the same rows.
     lines = [f"{line}\n" for line in files["train.jsonl"].read_text(encoding="utf-8").split("\n")[:-1]]
     assert [json.dumps(json.loads(line), ensure_ascii=False) + "\n" for line in lines] == lines
-    assert json.loads(lines[0])["prompt"] == datasets_service.conductor_prompt(task)
+    assert json.loads(lines[0])["prompt"] == dataset_groups.conductor_prompt(task)
     assert pq.read_table(files["train.parquet"]).to_pylist() == [json.loads(line) for line in lines]
 
     manifest = json.loads(files["manifest.json"].read_text())
@@ -178,8 +179,8 @@ def test_groups_smaller_than_the_minimum_are_left_out_and_an_empty_selection_is_
     assert built.counts["groups"] == 1
     # Written a group at a time (the build streams in batches), and every reward computed anew: the
     # same files, the same hash.
-    monkeypatch.setattr(datasets_service, "BATCH", 1)
-    monkeypatch.setattr(datasets_service, "MEMO", 1)
+    monkeypatch.setattr(dataset_writer, "BATCH", 1)
+    monkeypatch.setattr(dataset_groups, "MEMO", 1)
     again = dataset_build(name="small", batch_ids=[batch.pk], min_group_size=2, actor=ACTOR)
     assert again.version == 2 and again.content_hash == built.content_hash
     loaded = datasets.load_dataset(
@@ -193,7 +194,7 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
     in its place; where the prompt holds the text twice, changed, or depends on it some other way, each
     prompt is built on its own."""
     shape = {"domain": "math", "classification": "public", "max_steps": 4, "max_depth": 1}
-    mark = datasets_service._Prompts.MARK
+    mark = dataset_groups.Prompts.MARK
     texts = [
         'He said "héllo"\n\tthen ✓',
         mark,
@@ -203,7 +204,7 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
         "a\\",
         "x" * 500,
     ]
-    original = datasets_service.conductor_prompt
+    original = dataset_groups.conductor_prompt
 
     def text_twice(task, pools=None):  # a prompt that also quotes the task in its system message
         messages = original(task, pools)
@@ -230,8 +231,8 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
             calls.append(task.text)
             return conductor_prompt(task, pools)
 
-        monkeypatch.setattr(datasets_service, "conductor_prompt", counted)
-        prompts = datasets_service._Prompts()
+        monkeypatch.setattr(dataset_groups, "conductor_prompt", counted)
+        prompts = dataset_groups.Prompts()
         for text in texts:
             expected = conductor_prompt(Task(text=text, source_item=ITEM, **shape))
             assert prompts.of(text, item=ITEM, **shape) == json.dumps(expected, ensure_ascii=False), (
@@ -246,7 +247,7 @@ def test_each_prompt_is_the_conductors_whatever_the_task_text(replay_pool, monke
 def test_builds_side_by_side_leave_the_cycle_collector_as_the_first_found_it():
     """The collector is off while any build runs, on again when the last one ends, whichever ends
     first; where it was off before, it stays off."""
-    first, second = datasets_service._collector_paused(), datasets_service._collector_paused()
+    first, second = dataset_groups.collector_paused(), dataset_groups.collector_paused()
     assert gc.isenabled()
     first.__enter__()
     second.__enter__()
@@ -257,7 +258,7 @@ def test_builds_side_by_side_leave_the_cycle_collector_as_the_first_found_it():
     assert gc.isenabled()
     gc.disable()
     try:
-        with datasets_service._collector_paused():
+        with dataset_groups.collector_paused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
@@ -341,9 +342,9 @@ def test_rows_read_a_few_at_a_time_with_their_tasks_make_the_same_files(
     assert built.source_run_ids == [runs[1].pk, runs[2].pk]
     files = dataset_files(built)
     row = json.loads(files["train.jsonl"].read_text(encoding="utf-8"))
-    assert row["task_id"] == str(other.pk) and row["prompt"] == datasets_service.conductor_prompt(other)
+    assert row["task_id"] == str(other.pk) and row["prompt"] == dataset_groups.conductor_prompt(other)
     for fetch in (1, 2):  # each row its own read; a group's rows in two
-        monkeypatch.setattr(datasets_service, "FETCH", fetch)
+        monkeypatch.setattr(dataset_groups, "FETCH", fetch)
         again = dataset_build(name="reads", batch_ids=[batch.pk], validation_fraction=0.0, actor=ACTOR)
         assert again.content_hash == built.content_hash and again.counts == built.counts
         for name in ("train.parquet", "validation.parquet"):
@@ -367,9 +368,9 @@ def test_a_build_that_fails_while_reading_leaves_nothing_and_the_connection_usab
         collecting.append(gc.isenabled())
         raise TrainingError("no enabled worker may receive public data: no prompt to write")
 
-    monkeypatch.setattr(datasets_service, "FETCH", 1)
-    monkeypatch.setattr(datasets_service, "BATCH", 1)
-    monkeypatch.setattr(datasets_service, "conductor_prompt", no_pool)
+    monkeypatch.setattr(dataset_groups, "FETCH", 1)
+    monkeypatch.setattr(dataset_writer, "BATCH", 1)
+    monkeypatch.setattr(dataset_groups, "conductor_prompt", no_pool)
     with pytest.raises(TrainingError, match="no prompt to write"):
         dataset_build(name="fails", batch_ids=[batch.pk], actor=ACTOR)
     assert not Dataset.objects.exists() and not (tmp_path / "datasets" / "fails" / "v1").exists()

@@ -1,5 +1,6 @@
 """Training's services (writes, each in one transaction with its audit event), one module per
-concern: items, rollouts, datasets, jobs, evaluations, versions; `common` holds what they share."""
+concern: items, rollouts, datasets, jobs, evaluations, versions; `common` holds what they share.
+A dataset's build streams its groups through `dataset_groups` into the files `dataset_writer` writes."""
 
 from .adapters import adapter_load, adapter_server_register
 from .common import (
@@ -15,11 +16,11 @@ from .common import (
     queued_runs_guard,
     user_of,
 )
+from .dataset_groups import conductor_prompt
 from .datasets import (
     DATASET_FILES,
     DATASET_LOCK_NAMESPACE,
     DatasetFilter,
-    conductor_prompt,
     dataset_build,
     dataset_files,
     dataset_preview,
