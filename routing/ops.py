@@ -261,40 +261,63 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
     # Buckets aligned to their stride (a day's on the half hour, a week's on 4 hours UTC).
     origin = rollups.SLOT_ORIGIN + (now - length - rollups.SLOT_ORIGIN) // stride * stride
     buckets = [origin + stride * i for i in range(int((now - origin) / stride) + 1)]
-    at = {b: i for i, b in enumerate(buckets)}
+    charts = _HistoryCharts(buckets, stride)
     end = buckets[-1] + stride  # a run ending while this is read falls in no bucket yet
+    if stride < rollups.SLOT:
+        charts.from_rows(origin, end)
+    else:
+        charts.from_rollups(origin, end)
+    return charts.as_dict(period)
 
-    def series() -> list[float]:
-        return [0.0] * len(buckets)
 
-    runs: dict[str, list[float]] = {}
-    calls = series()
-    errors: dict[str, list[float]] = {}
-    spend: dict[str, list[float]] = {}  # per minute, by what the runs were for
-    histograms: dict[str, dict[int, dict[int, int]]] = {}  # worker -> bucket index -> latency bucket -> n
-    latency: dict[str, dict[str, list[float | None]]] = {}
+class _HistoryCharts:
+    """The overview's history series, one value per bucket, filled from the rows or the rollups."""
 
-    def add_calls(index: int, kind: str, status: str, n: int, cost: Any) -> None:
-        calls[index] += n
-        spend.setdefault(kind_group(kind), series())[index] += float(cost or 0) / (
-            stride.total_seconds() / 60
+    def __init__(self, buckets: list[datetime], stride: timedelta) -> None:
+        self.buckets = buckets
+        self.stride = stride
+        self.at = {b: i for i, b in enumerate(buckets)}
+        self.runs: dict[str, list[float]] = {}
+        self.calls = self.series()
+        self.errors: dict[str, list[float]] = {}
+        self.spend: dict[str, list[float]] = {}  # per minute, by what the runs were for
+        self.latency: dict[str, dict[str, list[float | None]]] = {}
+
+    def series(self) -> list[float]:
+        return [0.0] * len(self.buckets)
+
+    def add_runs(self, bucket: datetime, kind: str, n: int) -> None:
+        self.runs.setdefault(kind_group(kind), self.series())[self.at[bucket]] += n
+
+    def add_calls(self, bucket: datetime, kind: str, status: str, n: int, cost: Any) -> None:
+        index = self.at[bucket]
+        self.calls[index] += n
+        self.spend.setdefault(kind_group(kind), self.series())[index] += float(cost or 0) / (
+            self.stride.total_seconds() / 60
         )
         if status in Attempt.ERRORS:
-            errors.setdefault(status, series())[index] += n
+            self.errors.setdefault(status, self.series())[index] += n
 
-    if stride < rollups.SLOT:
+    def worker_latency(self, worker: str) -> dict[str, list[float | None]]:
+        return self.latency.setdefault(
+            worker, {"p50": [None] * len(self.buckets), "p95": [None] * len(self.buckets)}
+        )
+
+    def from_rows(self, origin: datetime, end: datetime) -> None:
+        """The last hour, to the minute, from the runs' and attempts' rows."""
+        stride = self.stride
         for row in (
             Run.objects.filter(finished_at__gte=origin, finished_at__lt=end)
             .order_by()
             .values("kind", bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN))
             .annotate(n=Count("pk"))
         ):
-            runs.setdefault(kind_group(row["kind"]), series())[at[row["bucket"]]] += row["n"]
+            self.add_runs(row["bucket"], row["kind"], row["n"])
         attempts = Attempt.objects.filter(finished_at__gte=origin, finished_at__lt=end).order_by()
         for row in attempts.values(
             "status", kind=F("step__run__kind"), bucket=DateBin(stride, F("finished_at"), rollups.SLOT_ORIGIN)
         ).annotate(n=Count("pk"), cost=Sum("cost_usd")):
-            add_calls(at[row["bucket"]], row["kind"], row["status"], row["n"], row["cost"])
+            self.add_calls(row["bucket"], row["kind"], row["status"], row["n"], row["cost"])
         for row in (
             attempts.filter(status=Attempt.Status.SUCCEEDED, latency_ms__isnull=False)
             .values(
@@ -302,51 +325,55 @@ def history(period: str = "hour", *, now: datetime | None = None) -> dict[str, A
             )
             .annotate(p50=Percentile("latency_ms", 0.5), p95=Percentile("latency_ms", 0.95))
         ):
-            w = latency.setdefault(
-                row["worker"], {"p50": [None] * len(buckets), "p95": [None] * len(buckets)}
-            )
-            w["p50"][at[row["bucket"]]] = row["p50"]
-            w["p95"][at[row["bucket"]]] = row["p95"]
-    else:
+            w = self.worker_latency(row["worker"])
+            w["p50"][self.at[row["bucket"]]] = row["p50"]
+            w["p95"][self.at[row["bucket"]]] = row["p95"]
+
+    def from_rollups(self, origin: datetime, end: datetime) -> None:
+        """A day or a week, from the rollups of finished runs (folded first)."""
         rollups.fold_for_read()
         rows = (
-            OpsRollup.objects.filter(span_min=rollups.ops_span(stride), slot__gte=origin, slot__lt=end)
+            OpsRollup.objects.filter(span_min=rollups.ops_span(self.stride), slot__gte=origin, slot__lt=end)
             .order_by()
-            .annotate(bucket=DateBin(stride, F("slot"), rollups.SLOT_ORIGIN))
+            .annotate(bucket=DateBin(self.stride, F("slot"), rollups.SLOT_ORIGIN))
         )
         for row in rows.filter(series="run").values("bucket", "run_kind").annotate(n=Sum("n")):
-            runs.setdefault(kind_group(row["run_kind"]), series())[at[row["bucket"]]] += row["n"]
+            self.add_runs(row["bucket"], row["run_kind"], row["n"])
         for row in (
             rows.filter(series="call")
             .values("bucket", "run_kind", "status")
             .annotate(n=Sum("n"), cost=Sum("cost_usd"))
         ):
-            add_calls(at[row["bucket"]], row["run_kind"], row["status"], row["n"], row["cost"])
+            self.add_calls(row["bucket"], row["run_kind"], row["status"], row["n"], row["cost"])
+        histograms: dict[str, dict[int, dict[int, int]]] = {}  # worker -> bucket index -> latency bucket -> n
         for row in (
             rows.filter(series="call", latency_bucket__gt=0)
             .values("bucket", "worker_slug", "latency_bucket")
             .annotate(n=Sum("n"))
         ):
-            cells = histograms.setdefault(row["worker_slug"], {}).setdefault(at[row["bucket"]], {})
+            cells = histograms.setdefault(row["worker_slug"], {}).setdefault(self.at[row["bucket"]], {})
             cells[row["latency_bucket"]] = cells.get(row["latency_bucket"], 0) + row["n"]
         for worker, cells in histograms.items():
-            w = latency.setdefault(worker, {"p50": [None] * len(buckets), "p95": [None] * len(buckets)})
+            w = self.worker_latency(worker)
             for index, counts in cells.items():
                 w["p50"][index] = rollups.quantile(counts, 0.5)
                 w["p95"][index] = rollups.quantile(counts, 0.95)
-    error_rate = {
-        kind: [e / c if c else None for e, c in zip(n, calls, strict=True)] for kind, n in errors.items()
-    }
-    return {
-        "period": period,
-        "bucket_s": int(stride.total_seconds()),
-        "buckets": [b.isoformat() for b in buckets],
-        "runs": dict(sorted(runs.items())),
-        "calls": calls,
-        "error_rate": dict(sorted(error_rate.items())),
-        "latency_ms": dict(sorted(latency.items())),
-        "spend_usd_per_min": dict(sorted(spend.items())),
-    }
+
+    def as_dict(self, period: str) -> dict[str, Any]:
+        error_rate = {
+            kind: [e / c if c else None for e, c in zip(n, self.calls, strict=True)]
+            for kind, n in self.errors.items()
+        }
+        return {
+            "period": period,
+            "bucket_s": int(self.stride.total_seconds()),
+            "buckets": [b.isoformat() for b in self.buckets],
+            "runs": dict(sorted(self.runs.items())),
+            "calls": self.calls,
+            "error_rate": dict(sorted(error_rate.items())),
+            "latency_ms": dict(sorted(self.latency.items())),
+            "spend_usd_per_min": dict(sorted(self.spend.items())),
+        }
 
 
 QUEUES = ("runs", "resume", "maintenance", "training")  # the app's Celery queues, before their prefix

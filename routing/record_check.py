@@ -122,6 +122,23 @@ def _run_problems(
 ) -> Iterator[Problem]:
     name = run_chain(run.correlation_id)
     yield from _decision_problems(decisions, steps, events, name)
+    yield from _step_problems(steps, events, name)
+    yield from _attempt_problems(attempts, events, name)
+    decided = sum((d.cost_usd for d in decisions), Decimal(0))
+    yield from _run_totals(run, events, name, decided + sum((a.cost_usd for a in attempts), Decimal(0)))
+    if run.status in FINISHED and not sealed:
+        yield Problem(
+            "unsealed",
+            None,
+            name,
+            None,
+            f"run {run.pk} is {run.status}, but its chain has no seal in the global chain",
+            expected="a run.sealed event",
+        )
+
+
+def _step_problems(steps: list[Step], events: _Events, name: str) -> Iterator[Problem]:
+    """Each step's row against the events of its start and its success."""
     for step in steps:
         started = events.get(Action.STEP_STARTED, step)
         if started is not None:
@@ -159,6 +176,11 @@ def _run_problems(
             yield differs(succeeded, f"step {step.pk}'s worker", worker, step.worker_slug)
         if "vendor" in p and p["vendor"] != step.vendor:
             yield differs(succeeded, f"step {step.pk}'s vendor", p["vendor"], step.vendor)
+
+
+def _attempt_problems(attempts: list[Attempt], events: _Events, name: str) -> Iterator[Problem]:
+    """Each attempt's row against the event of its success or failure, and a lost attempt's estimated
+    cost against the event that resumed its run."""
     by_key = {(a.step_id, a.number): a for a in attempts}
     for event in events.by_action[Action.STEP_SUCCEEDED]:
         p = event.payload
@@ -202,17 +224,6 @@ def _run_problems(
                     lost["cost_usd"],
                     str(attempt.cost_usd),
                 )
-    decided = sum((d.cost_usd for d in decisions), Decimal(0))
-    yield from _run_totals(run, events, name, decided + sum((a.cost_usd for a in attempts), Decimal(0)))
-    if run.status in FINISHED and not sealed:
-        yield Problem(
-            "unsealed",
-            None,
-            name,
-            None,
-            f"run {run.pk} is {run.status}, but its chain has no seal in the global chain",
-            expected="a run.sealed event",
-        )
 
 
 def _run_totals(run: Run, events: _Events, name: str, called: Decimal) -> Iterator[Problem]:

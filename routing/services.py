@@ -143,26 +143,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
 
     The same idempotency key gives back the task it first created; with a different text it is refused.
     """
-    text = _check_text(submission.text)
-    if submission.classification not in DataClass.values:
-        raise SubmissionError(
-            f"unknown classification {submission.classification!r}; one of {DataClass.values}"
-        )
-    if submission.scorer == "regex" and submission.reference is not None:
-        try:
-            check_pattern(submission.reference)
-        except ValueError as exc:
-            raise SubmissionError(str(exc)) from exc
-    max_usd = (
-        settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
-    )
-    if max_usd < 0:
-        raise SubmissionError("max_usd must not be negative")
-    _check_budgets(submission)
-    key = submission.idempotency_key or None
-    for prefix, owner in _RESERVED_KEY_PREFIXES.items():
-        if key is not None and key.startswith(prefix):
-            raise SubmissionError(f"idempotency keys starting with {prefix!r} are reserved for {owner}")
+    text, max_usd, key = _submission_checked(submission)
     if key is not None:
         existing = Task.objects.filter(idempotency_key=key).first()
         if existing is not None:
@@ -200,21 +181,7 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
                 obj=task,
                 task_id=task.id,
                 correlation_id=run.correlation_id,
-                payload={
-                    "source": source,
-                    "classification": task.classification,
-                    "chars": len(text),
-                    "text_sha256": content_hash(task.text),
-                    "has_reference": task.reference is not None,
-                    "budgets": {
-                        "max_steps": task.max_steps,
-                        "max_depth": task.max_depth,
-                        "max_usd": task.max_usd,
-                    },
-                    "run_id": run.pk,
-                    "conductor": conductor.name,
-                    "shadow": {"run_id": shadow_run.pk, "conductor": shadow.name} if shadow_run else None,
-                },
+                payload=_submitted_payload(task, run, shadow_run, source=source),
             )
             transaction.on_commit(lambda: run_enqueue(run_id=run.pk))
             if shadow_run is not None:
@@ -225,6 +192,53 @@ def task_submit(*, submission: TaskSubmission, source: str, user: Any = None) ->
         # A concurrent request with the same key won the race: return its task.
         return _same_or_conflict(Task.objects.get(idempotency_key=key), text), False
     return task, True
+
+
+def _submission_checked(submission: TaskSubmission) -> tuple[str, Decimal, str | None]:
+    """The submission's text, cost budget and idempotency key, once every field passed its check
+    (SubmissionError names the first that did not)."""
+    text = _check_text(submission.text)
+    if submission.classification not in DataClass.values:
+        raise SubmissionError(
+            f"unknown classification {submission.classification!r}; one of {DataClass.values}"
+        )
+    if submission.scorer == "regex" and submission.reference is not None:
+        try:
+            check_pattern(submission.reference)
+        except ValueError as exc:
+            raise SubmissionError(str(exc)) from exc
+    max_usd = (
+        settings.CONDUCTOR_DEFAULT_MAX_USD if submission.max_usd is None else Decimal(submission.max_usd)
+    )
+    if max_usd < 0:
+        raise SubmissionError("max_usd must not be negative")
+    _check_budgets(submission)
+    key = submission.idempotency_key or None
+    for prefix, owner in _RESERVED_KEY_PREFIXES.items():
+        if key is not None and key.startswith(prefix):
+            raise SubmissionError(f"idempotency keys starting with {prefix!r} are reserved for {owner}")
+    return text, max_usd, key
+
+
+def _submitted_payload(task: Task, run: Run, shadow_run: Run | None, *, source: str) -> dict[str, Any]:
+    """The task.submitted event's payload: the task's shape and budgets, never its text."""
+    return {
+        "source": source,
+        "classification": task.classification,
+        "chars": len(task.text),
+        "text_sha256": content_hash(task.text),
+        "has_reference": task.reference is not None,
+        "budgets": {
+            "max_steps": task.max_steps,
+            "max_depth": task.max_depth,
+            "max_usd": task.max_usd,
+        },
+        "run_id": run.pk,
+        "conductor": run.conductor_version.name,
+        "shadow": {"run_id": shadow_run.pk, "conductor": shadow_run.conductor_version.name}
+        if shadow_run
+        else None,
+    }
 
 
 def task_retry(*, task_id: Any, user: Any) -> Run:

@@ -307,11 +307,16 @@ def sweep(
             if abs(a.usd_per_1000 - b.usd_per_1000) >= JUMP_SHARE * width:
                 jumps.add((a.cost_penalty_per_usd, b.cost_penalty_per_usd))
     points.sort(key=lambda p: p.cost_penalty_per_usd)
+    _frontier_mark(points)
+    return Fit(points=points, folds=folds, items=len(items), table=table, workflows=[a.name for a in actions])
+
+
+def _frontier_mark(points: list[Point]) -> None:
+    """Mark the points no other dominates (at least as accurate and as cheap, and better on one)."""
     for p in points:
         p.on_frontier = not any(
             dominates(q.accuracy, q.usd_per_1000, p.accuracy, p.usd_per_1000) for q in points
         )
-    return Fit(points=points, folds=folds, items=len(items), table=table, workflows=[a.name for a in actions])
 
 
 def _widest_gap(points: list[Point], jumps: set[tuple[float, float]]) -> tuple[Point, Point, float] | None:

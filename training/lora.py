@@ -289,6 +289,43 @@ def _schema_sampling(
     return SchemaSampling
 
 
+def _inputs_check(base_model_path: Path, train_dataset: Any, reward_funcs: Sequence[RewardFunc]) -> None:
+    """A local model, at least one reward function, and a dataset with prompts, or ValueError."""
+    if not (base_model_path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no model at {base_model_path} (config.json missing): give a local directory"
+        )
+    if not reward_funcs:
+        raise ValueError("run_grpo_lora needs at least one reward function")
+    if "prompt" not in train_dataset.column_names:
+        raise ValueError("the training dataset needs a 'prompt' column (a list of chat messages per row)")
+
+
+def _tokenizer(base_model_path: Path) -> Any:
+    """The base model's tokenizer, padding and truncating on the left (generation continues the prompt)."""
+    from transformers import AutoTokenizer  # transformers: heavy; imported only when a job trains
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        base_model_path, padding_side="left", truncation_side="left", local_files_only=True
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _lora_config(s: dict[str, Any]) -> Any:
+    from peft import LoraConfig  # peft: heavy; imported only when a job trains
+
+    return LoraConfig(
+        r=int(s["lora_r"]),
+        lora_alpha=int(s["lora_alpha"]),
+        lora_dropout=float(s["lora_dropout"]),
+        target_modules=list(s["lora_target_modules"]),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
 def run_grpo_lora(
     *,
     base_model_path: str | Path,
@@ -312,20 +349,12 @@ def run_grpo_lora(
     Returns {"adapter_dir", "global_step", "max_steps", "stopped_early", "train_metrics", "log_history"}.
     """
     offline()
-    import torch
-    from peft import LoraConfig
-    from transformers import AutoTokenizer, PrinterCallback
-    from trl import GRPOTrainer
+    import torch  # torch: heavy; imported only when a job trains
+    from transformers import PrinterCallback  # transformers: heavy; imported only when a job trains
+    from trl import GRPOTrainer  # trl: heavy; imported only when a job trains
 
     base_model_path = Path(base_model_path)
-    if not (base_model_path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"no model at {base_model_path} (config.json missing): give a local directory"
-        )
-    if not reward_funcs:
-        raise ValueError("run_grpo_lora needs at least one reward function")
-    if "prompt" not in train_dataset.column_names:
-        raise ValueError("the training dataset needs a 'prompt' column (a list of chat messages per row)")
+    _inputs_check(base_model_path, train_dataset, reward_funcs)
     s = _settings(settings)
     if s.get("torch_threads"):
         torch.set_num_threads(int(s["torch_threads"]))
@@ -333,19 +362,8 @@ def run_grpo_lora(
     output_dir.mkdir(parents=True, exist_ok=True)
 
     args = _grpo_config(s, output_dir, torch.cuda.is_available())
-    tokenizer = AutoTokenizer.from_pretrained(
-        base_model_path, padding_side="left", truncation_side="left", local_files_only=True
-    )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    peft_config = LoraConfig(
-        r=int(s["lora_r"]),
-        lora_alpha=int(s["lora_alpha"]),
-        lora_dropout=float(s["lora_dropout"]),
-        target_modules=list(s["lora_target_modules"]),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    tokenizer = _tokenizer(base_model_path)
+    peft_config = _lora_config(s)
     history: list[dict[str, Any]] = []
     callback = _log_callback(on_log, history)
     trainer_class = GRPOTrainer
