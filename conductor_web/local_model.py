@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from django.conf import settings
 
 from conductor_web import embedded
 from routing.local_server import MODEL_ALIAS, WEIGHTS_PACKAGE, api_base, weights_file
@@ -287,8 +288,7 @@ def adapter_serve(var_dir: Path, *, port: int, alias: str, adapter_dir: Path, ba
 def adapter_load(version) -> dict:
     """Training's hook (training.services.adapter_server_register): serve a version trained on the
     local model, named as its config says, on this deployment's local model server."""
-    from django.conf import settings
-
+    # load order: `python -m conductor_web.local_model` runs before Django is set up; training imports models
     from training.services import TrainingError
 
     config = version.config

@@ -6,6 +6,7 @@ class RoutingConfig(AppConfig):
     verbose_name = "Routing"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from audit import policies, verify
 
         from . import providers, record_check, task_check, telemetry

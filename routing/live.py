@@ -21,8 +21,11 @@ import threading
 import time
 from typing import Any
 
+import redis
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.db import transaction
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +78,6 @@ async def unwatch(layer: Any, group: str, channel: str) -> None:
 
 def _plain_redis(layer: Any) -> bool:
     """A channels-redis layer of plain Redis addresses: the one whose groups the publishers can follow."""
-    from channels_redis.core import RedisChannelLayer
-
     return type(layer) is RedisChannelLayer and all("address" in host for host in layer.hosts)
 
 
@@ -105,8 +106,6 @@ class _Watchers:
     `subscribe` and `ask`, which only read (on the publisher's thread)."""
 
     def __init__(self, layer: Any) -> None:
-        import redis
-
         self.layer = layer
         # A plain Redis client per host of the layer (the publisher's own connections: no event loop).
         self.clients = [
@@ -312,8 +311,6 @@ class _Publisher:
 
 
 async def _send_all(layer: Any, batch: list[tuple[str, dict[str, Any]]]) -> None:
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
     for group, message in batch:
         try:
             try:

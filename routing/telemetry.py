@@ -95,6 +95,7 @@ def processor() -> BatchSpanProcessor | None:
         return None
     with _lock:
         if _processor is None:
+            # start-up: the OTLP exporter (protobuf, requests) is loaded only when traces are on
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             _resource = service_resource()

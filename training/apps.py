@@ -6,6 +6,7 @@ class TrainingConfig(AppConfig):
     verbose_name = "Training"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from routing.conductors import backend_register
         from routing.models import ConductorVersion
         from routing.services import key_prefix_reserve

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from routing.conductors import PlanRequest, Proposal, elapsed_ms
 from routing.models import CONDUCTOR_SLUG
 from routing.scoring.scorers import extract_answer
@@ -58,8 +60,6 @@ class LearnedConductor:
         among = weights / weights.sum() if fitting else weights  # each one's probability among them
         chosen = None
         if sampled:
-            import numpy as np
-
             rng = np.random.default_rng(getattr(request, "seed", None))
             chosen = fitting[int(rng.choice(len(fitting), p=among))]
         elif fitting:

@@ -41,7 +41,10 @@ def local_base_export() -> Path:
     if weights is None:
         raise FileNotFoundError("the local model's weights are not installed (make local-model)")
     offline()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # transformers: heavy; only an export needs it
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights.parent), gguf_file=weights.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(weights.parent), gguf_file=weights.name)

@@ -179,7 +179,7 @@ def _settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _grpo_config(s: dict[str, Any], output_dir: Path, cuda: bool) -> Any:
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # trl: heavy; imported only when a job trains
 
     use_cpu = bool(s.get("use_cpu", not cuda))
     num_generations = int(s["num_generations"])
@@ -234,7 +234,7 @@ def _grpo_config(s: dict[str, Any], output_dir: Path, cuda: bool) -> Any:
 
 
 def _log_callback(on_log: OnLog | None, seen: list[dict[str, Any]]) -> Any:
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # transformers: heavy; imported only when a job trains
 
     class ProgressCallback(TrainerCallback):
         """Hands each training log to on_log; on_log returning False ends training after this step."""
@@ -263,6 +263,7 @@ def _schema_sampling(
     0 of 16 samples at temperature 1.0), and GRPO learns nothing from a group that all earned 0. The
     loss still reads the model's unmasked log-probabilities of the sampled tokens, as TRL does for
     vLLM's guided decoding. Compact JSON (no free whitespace): shorter samples, the same plans."""
+    # transformers, xgrammar: heavy; imported only when a job trains
     import xgrammar
     from transformers import AutoConfig, LogitsProcessorList
     from xgrammar.contrib.hf import LogitsProcessor

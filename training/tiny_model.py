@@ -42,7 +42,7 @@ def offline() -> None:
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     try:
-        import huggingface_hub.constants as hub_constants
+        import huggingface_hub.constants as hub_constants  # train extra: production installs may lack it
     except ImportError:  # pragma: no cover - the train extra brings huggingface_hub
         return
     hub_constants.HF_HUB_OFFLINE = True
@@ -104,6 +104,7 @@ def build_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048) -> Any:
 
     Byte-level: any text (any script, any byte) encodes, however small the training corpus.
     """
+    # tokenizers, transformers: heavy; imported only when a tiny model is made
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -137,6 +138,7 @@ def build_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048) -> Any:
 
 def build_model(tokenizer: Any, spec: TinyModelSpec | None = None) -> Any:
     """A randomly initialised Qwen2ForCausalLM sized by `spec`, its vocabulary that of `tokenizer`."""
+    # torch, transformers: heavy; imported only when a tiny model is made
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 

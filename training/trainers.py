@@ -269,7 +269,7 @@ def _cross_validate(job: TrainingJob, actions: list[Workflow], items: list[Any],
 
 
 def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
-    import datasets
+    import datasets  # Hugging Face datasets: heavy; imported only when a job trains
 
     if job.dataset is None:  # the service refuses a LoRA job without one
         raise ValueError("a LoRA job trains on a dataset, and this one has none")
@@ -353,6 +353,6 @@ def _served_schema(data: Any) -> dict[str, Any]:
 
 
 def _cuda() -> bool:
-    import torch
+    import torch  # torch: heavy; imported only when a job trains
 
     return torch.cuda.is_available()

@@ -17,7 +17,7 @@ json_text = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps(x, ensure_
 
 def parquet_schema() -> Any:
     """The files' columns (TRL conversational: `prompt` is a list of messages)."""
-    import pyarrow as pa
+    import pyarrow as pa  # pyarrow: slow to import; only a dataset build needs it
 
     return pa.schema(
         [
@@ -81,7 +81,7 @@ class GroupFiles:
         self._writing: Future[None] | None = None
 
     def __enter__(self) -> GroupFiles:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # pyarrow: slow to import; only a dataset build needs it
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._schema = parquet_schema()
@@ -120,6 +120,7 @@ class GroupFiles:
     def _parsed(self, text: bytes) -> Any:
         """The lines as an Arrow table, parsed by Arrow (no Python object per value, the GIL left):
         the Parquet rows are the JSON Lines' rows by construction."""
+        # pyarrow: slow to import; only a dataset build needs it
         import pyarrow as pa
         import pyarrow.json as pj
 

@@ -1,3 +1,4 @@
+import getpass
 import sys
 
 from django.contrib.auth import get_user_model, password_validation
@@ -123,8 +124,6 @@ class Command(BaseCommand):
         stdin = o.get("stdin") or sys.stdin
         if o["password_stdin"] or not stdin.isatty():
             return stdin.readline().rstrip("\r\n")
-        import getpass
-
         password = getpass.getpass(f"Password for {o['username']}: ")
         if password != getpass.getpass("Password (again): "):
             raise CommandError("the two passwords differ")

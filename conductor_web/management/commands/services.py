@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import connections
 
 from conductor_web import embedded
 
@@ -18,8 +19,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from django.db import connections
-
         connections.close_all()
         stopped = embedded.stop(settings.VAR_DIR, grace=options["grace"])
         self.stdout.write(f"stopped: {', '.join(stopped) or 'nothing was running'}")

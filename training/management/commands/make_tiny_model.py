@@ -3,6 +3,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from training.tiny_model import TinyModelSpec, make_tiny_model
+
 
 class Command(BaseCommand):
     help = (
@@ -20,14 +22,12 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0)
 
     def handle(self, *args, **o):
-        try:
+        try:  # train extra: checked here, so that the command says what is missing
             import tokenizers  # noqa: F401
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
             raise CommandError(f"needs the train extra (pip install -e '.[train]'): {exc}") from exc
-        from training.tiny_model import TinyModelSpec, make_tiny_model
-
         output_dir = Path(o["output_dir"] or settings.VAR_DIR / "models" / "tiny-qwen2")
         spec = TinyModelSpec(vocab_size=o["vocab_size"], seed=o["seed"])
         path = make_tiny_model(output_dir, spec=spec)
