@@ -17,7 +17,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import params, selectors
+from utilities import params
+
+from . import selectors
 from .actions import Action
 from .exports import FIELDS, checkpoint_reference, export_response
 from .filters import AuditEventFilter

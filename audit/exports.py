@@ -12,7 +12,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 
-from . import csv_safe
+from utilities import csv_safe
+
 from .actions import Action
 from .checkpoints import checkpoint_latest
 from .filters import AuditEventFilter
@@ -55,7 +56,7 @@ def checkpoint_reference() -> dict[str, Any] | None:
 
 # The export is written by PostgreSQL (COPY): the app only frames it, so an export runs at the database's pace, in bounded memory. The SQL says what the
 # Python writers said: occurred_at exactly as the hash covers it (audit.chain.content_of: UTC,
-# isoformat), and a text cell a spreadsheet would read as a formula quoted as audit.csv_safe does.
+# isoformat), and a text cell a spreadsheet would read as a formula quoted as utilities.csv_safe does.
 _ISO = (
     "to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS') || CASE WHEN "
     "mod(extract(microseconds FROM {c})::bigint, 1000000) = 0 THEN '' "
@@ -66,7 +67,7 @@ _QUOTE = f"chr({ord(csv_safe.QUOTE)})"
 
 
 def _safe(column: str) -> str:
-    """audit.csv_safe.safe_cell in SQL, for a text column."""
+    """utilities.csv_safe.safe_cell in SQL, for a text column."""
     return (
         f"CASE WHEN left(ltrim({column}, {_QUOTE}), 1) IN ({_STARTS}) "
         f"THEN {_QUOTE} || {column} ELSE {column} END"

@@ -15,12 +15,15 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
-from . import params, selectors
+from utilities import params
+from utilities.pagination import page
+
+from . import selectors
 from .actions import Action
 from .exports import EXPORT_FORMATS, checkpoint_reference, export_response
 from .filters import AuditEventFilter
 from .models import Role
-from .pagination import EventCursorPagination, page
+from .pagination import EventCursorPagination
 from .roles import (
     AUDIT_ROLES,
     EVERYONE,

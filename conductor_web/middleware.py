@@ -4,7 +4,7 @@
   filter can hold it (PostgreSQL text cannot hold NUL) and decoding it would alter what was asked.
 - So is a form body that is not valid UTF-8, or holds a NUL byte: never stored with replacement
   characters, never a database error.
-- A page that raises audit.params.InvalidParameter (a filter it cannot apply) renders the reason
+- A page that raises utilities.params.InvalidParameter (a filter it cannot apply) renders the reason
   with the status 400. The REST API answers those itself (they are DRF parse errors).
 
 Django decodes form bodies leniently: percent-escapes of invalid bytes become U+FFFD, raw non-ASCII
@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.template.response import TemplateResponse
 
-from audit.params import InvalidParameter
+from utilities.params import InvalidParameter
 
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"

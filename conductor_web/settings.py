@@ -388,7 +388,7 @@ AUTH_PASSWORD_VALIDATORS = [
     },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
-    {"NAME": "audit.passwords.UsernameInPasswordValidator"},
+    {"NAME": "utilities.passwords.UsernameInPasswordValidator"},
 ]
 # Login throttling (django-axes, audit/auth_events.py): a username that fails LOGIN_FAILURES_PER_USER
 # times (from any address), or an address that fails LOGIN_FAILURES_PER_IP times (on any usernames), is

@@ -12,7 +12,7 @@ from django.db.models import F, QuerySet, Sum
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
-from audit import csv_safe, params
+from utilities import csv_safe, params
 
 from . import rollups
 from .models import Run, RunRollup, RunStatus, UsageRollup

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from django.http import QueryDict
 from django.urls import reverse
 
-from audit import params
+from utilities import params
 
 from . import selectors
 from .models import Decision, Run, Step

@@ -12,9 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit import params, policies
+from audit import policies
 from audit.api import PERIOD, READ
 from audit.services import record_viewed
+from utilities import params
 
 from . import compliance, selectors
 from .dossier_bundle import dossier_bundle

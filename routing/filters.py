@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterable
 
 from django.db.models import Exists, OuterRef
 
-from audit import params
-from audit.filters import RuleFilter, StrictFilterSet, choice, moment
+from utilities import params
+from utilities.filters import RuleFilter, StrictFilterSet, choice, moment
 
 from . import selectors
 from .models import (

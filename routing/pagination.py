@@ -1,6 +1,6 @@
 """The cursors routing's lists page with (newest first)."""
 
-from audit.pagination import StrictCursorPagination
+from utilities.pagination import StrictCursorPagination
 
 
 class CreatedCursorPagination(StrictCursorPagination):

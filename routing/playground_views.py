@@ -9,9 +9,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from audit import params
 from audit.roles import role_required
 from audit.services import record_viewed
+from utilities import params
 
 from . import playground
 from .models import ConductorVersion, Step, Task, Worker

@@ -1,7 +1,7 @@
 """Time ranges across the pages: the quick ranges a user picks in one click, and the range (since,
 until) that links to the other pages carry, so that moving from the task list to the provider calls,
-analytics or the vendor report keeps the window. Each page reads the range with audit.params.moment
-(through audit.filters.moment on the lists), which refuses a bad value with its reason."""
+analytics or the vendor report keeps the window. Each page reads the range with utilities.params.moment
+(through utilities.filters.moment on the lists), which refuses a bad value with its reason."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from audit import params
-from audit.filters import RuleFilter, StrictFilterSet, choice
-from audit.pagination import StrictCursorPagination
 from audit.roles import EVERYONE
+from utilities import params
+from utilities.filters import RuleFilter, StrictFilterSet, choice
+from utilities.pagination import StrictCursorPagination
 
 from . import review
 from .models import Annotation

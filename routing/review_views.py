@@ -8,9 +8,9 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from audit import params
-from audit.pagination import StrictCursorPagination, page
 from audit.roles import role_required
+from utilities import params
+from utilities.pagination import StrictCursorPagination, page
 
 from . import review
 from .filters import worker_slugs

@@ -17,11 +17,11 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from audit import params
 from audit.actions import Action
-from audit.params import InvalidParameter
 from audit.roles import EVERYONE, role_required
 from audit.services import Actor, event_record
+from utilities import params
+from utilities.params import InvalidParameter
 
 from .filters import TaskFilter
 from .hashing import content_hash

@@ -10,12 +10,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from audit import params
 from audit.actions import Action
 from audit.models import AuditEvent, Role
-from audit.pagination import page
 from audit.roles import EVERYONE, has_role, role_required
 from audit.services import record_viewed
+from utilities import params
+from utilities.pagination import page
 
 from . import analytics, compare, ops, replay, review, saved_views, selectors
 from .filters import FAILED, AttemptFilter, TaskFilter, conductor_names, worker_slugs

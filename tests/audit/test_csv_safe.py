@@ -11,13 +11,13 @@ import pytest
 from django.db import transaction
 from django.test import Client
 
-from audit import csv_safe
 from audit.exports import FIELDS
 from audit.models import AuditEvent, Role
 from audit.services import Actor, event_record
 from routing.models import RunStatus, Step, Worker
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
+from utilities import csv_safe
 
 HOSTILE = ['=HYPERLINK("http://x")', "+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")

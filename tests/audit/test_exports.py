@@ -16,7 +16,6 @@ from django.test import Client
 
 from audit.chain import content_of, digest
 from audit.checkpoints import checkpoint_create
-from audit.csv_safe import original_cell
 from audit.exports import FIELDS
 from audit.models import AuditEvent
 from audit.services import Actor, event_record, legal_hold_place
@@ -24,6 +23,7 @@ from routing.models import RunStatus, Task
 from routing.services import TaskSubmission, task_submit
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
+from utilities.csv_safe import original_cell
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_jsonl_export_holds_exactly_the_filtered_events_after_a_first_line_namin
 @pytest.mark.django_db
 def test_each_exported_event_recomputes_to_its_hash_in_both_formats(record, auditor, make_user):
     """A reader re-derives every hash from the file alone: occurred_at to the microsecond as the hash
-    covers it, the payload's values, and text cells un-quoted (audit.csv_safe.original_cell), a name
+    covers it, the payload's values, and text cells un-quoted (utilities.csv_safe.original_cell), a name
     that a spreadsheet would read as a formula included."""
     hostile = make_user("@mallory", "operator")
     with transaction.atomic():

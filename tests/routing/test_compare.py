@@ -10,7 +10,6 @@ import pytest
 from django.test import Client
 
 from audit.models import AuditEvent, Role
-from audit.params import InvalidParameter
 from audit.roles import token_create
 from audit.services import Actor
 from routing import compare, engine
@@ -19,6 +18,7 @@ from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import TaskSubmission, conductor_activate, task_submit
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import program_recursion
+from utilities.params import InvalidParameter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""Query parameters read strictly (audit.params): valid dates and moments become aware datetimes in
+"""Query parameters read strictly (utilities.params): valid dates and moments become aware datetimes in
 UTC; invalid ones are refused with a reason. Valid values are tested here, beside the invalid ones
 the acceptance sweep sends, because only a valid date reaches the conversion to UTC
 (django.utils.timezone has no `utc` since Django 5)."""
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from audit import params
+from utilities import params
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,7 @@
+"""The generic web pieces every app uses, below all of them: query parameters read strictly (params),
+lists' filters and cursors built on them (filters, pagination), the CSV writer that neutralises
+formulas (csv_safe) and the password rule Django's validators miss (passwords).
+
+It imports none of the apps. Roles, API tokens and the admin site by role stay in audit: the `Role`
+and `ApiToken` they read are audit's models, and granting a role or making a token is an audit event.
+"""
