@@ -6,6 +6,7 @@ COPY conductor_web conductor_web
 COPY routing routing
 COPY audit audit
 COPY training training
+COPY compliance compliance
 COPY utilities utilities
 ARG EXTRAS=""
 RUN pip install ".${EXTRAS:+[$EXTRAS]}"

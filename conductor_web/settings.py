@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "axes",  # before audit: its failed-login handler runs first, and audit reads what it counted
     "audit",
     "routing",
+    "compliance",  # the auditors' pages and API, above routing and audit
     "training",
     "conductor_web",  # the project's own commands (demo, services)
     "django_prometheus",  # request metrics on /metrics (conductor_web.metrics)

@@ -9,7 +9,13 @@ class RoutingConfig(AppConfig):
         # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from audit import policies, verify
 
-        from . import providers, record_check, task_check, telemetry
+        from . import (
+            holds,  # noqa: F401 (its receiver keeps a task under legal hold from being deleted)
+            providers,
+            record_check,
+            task_check,
+            telemetry,
+        )
         from .models import DataClass, Worker
         from .signals import run_finished
 

@@ -18,7 +18,7 @@ from audit.checkpoints import purge_body
 from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold
 from audit.services import Actor, event_record
 
-from .compliance import holds_active
+from .holds import holds_active
 from .models import Annotation, Attempt, Decision, Run, RunStatus, Step, Task
 
 PURGED = "[deleted under the retention policy]"

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from audit import selectors
 from audit.models import POLICY_EVENT, AuditEvent, PolicyRule
+from compliance import selectors
 from routing.models import Attempt, Decision, RunStatus, Step, StepStatus, Worker
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json

@@ -59,9 +59,13 @@ class Route:
 
 
 def _namespace(namespace: str) -> list[URLPattern]:
-    for entry in get_resolver().url_patterns:
-        if isinstance(entry, URLResolver) and entry.namespace == namespace:
+    """The patterns of `namespace`, wherever it is included (an app may include two namespaces)."""
+    resolvers = [e for e in get_resolver().url_patterns if isinstance(e, URLResolver)]
+    while resolvers:
+        entry = resolvers.pop(0)
+        if entry.namespace == namespace:
             return [p for p in entry.url_patterns if isinstance(p, URLPattern)]
+        resolvers += [e for e in entry.url_patterns if isinstance(e, URLResolver)]
     raise AssertionError(f"no URL namespace {namespace!r}")
 
 

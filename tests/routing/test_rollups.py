@@ -14,7 +14,8 @@ from django.utils import timezone as dj_timezone
 
 from audit.actions import Action
 from audit.models import AuditEvent
-from routing import compliance, engine, replay, rollups
+from compliance import dossiers
+from routing import engine, replay, rollups
 from routing.models import (
     Grain,
     PendingRollup,
@@ -167,7 +168,7 @@ def test_a_window_reads_whole_days_from_daily_rows_and_its_ends_from_hourly_ones
 def test_a_task_sent_twice_to_a_vendor_counts_once_and_a_run_in_flight_counts_from_its_rows(history):
     task = history["tasks"][0]
     vendor = task.runs.get(kind=Run.Kind.LIVE).steps.exclude(vendor="").first().vendor
-    (row,) = [r for r in compliance.vendor_exposure(since=None, until=None) if r["vendor"] == vendor]
+    (row,) = [r for r in dossiers.vendor_exposure(since=None, until=None) if r["vendor"] == vendor]
     steps_to_vendor = Step.objects.filter(vendor=vendor, started_at__isnull=False).count()
     tasks_to_vendor = Step.objects.filter(vendor=vendor).values("run__task").distinct().count()
     assert row["steps"] == steps_to_vendor and row["tasks"] == tasks_to_vendor  # the retry did not add a task
@@ -192,18 +193,18 @@ def test_a_task_sent_twice_to_a_vendor_counts_once_and_a_run_in_flight_counts_fr
             started_at=now,
             cost_usd=Decimal("0.5"),
         )
-    rows = {r["vendor"]: r for r in compliance.vendor_exposure(since=None, until=None)}
+    rows = {r["vendor"]: r for r in dossiers.vendor_exposure(since=None, until=None)}
     assert (rows["initech"]["steps"], rows["initech"]["tasks"]) == (1, 1)
     assert rows["initech"]["cost"] == Decimal("0.5")
     assert (rows[vendor]["steps"], rows[vendor]["tasks"]) == (steps_to_vendor + 1, tasks_to_vendor)
-    listed = compliance.vendor_tasks(
+    listed = dossiers.vendor_tasks(
         vendor="initech", classification=task.classification, since=None, until=None
     )
     assert listed == [task]
     # A period that ended before it all: nothing.
-    assert compliance.vendor_exposure(since=None, until=now - timedelta(days=1)) == []
+    assert dossiers.vendor_exposure(since=None, until=now - timedelta(days=1)) == []
     assert (
-        compliance.vendor_tasks(
+        dossiers.vendor_tasks(
             vendor=vendor, classification=task.classification, since=None, until=now - timedelta(days=1)
         )
         == []
@@ -256,7 +257,7 @@ def test_a_run_s_end_leaves_the_rollups_to_a_fold_and_a_page_folds_before_it_rea
 
     # The vendor report reads the rollups: it folds first, and counts the run's steps.
     vendors = {s.vendor for s in run.steps.exclude(vendor="")}
-    rows = compliance.vendor_exposure(since=None, until=None)
+    rows = dossiers.vendor_exposure(since=None, until=None)
     assert {r["vendor"] for r in rows} == vendors
     assert sum(r["steps"] for r in rows) == _calls_made().count() > 0
     assert not PendingRollup.objects.exists()
@@ -297,7 +298,7 @@ def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(replay_pool, no_
         from django.db import connection
 
         try:
-            seen["rows"] = compliance.vendor_exposure(since=None, until=None)
+            seen["rows"] = dossiers.vendor_exposure(since=None, until=None)
         finally:
             connection.close()
 
@@ -344,12 +345,12 @@ def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep
     with connection.cursor() as cursor:  # the fold's statement fails: a table it writes is not there
         cursor.execute("ALTER TABLE routing_opsrollup RENAME TO routing_opsrollup_away")
     try:
-        assert compliance.vendor_exposure(since=None, until=None) == []  # the page, without the run
+        assert dossiers.vendor_exposure(since=None, until=None) == []  # the page, without the run
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE routing_opsrollup_away RENAME TO routing_opsrollup")
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
-    rows = compliance.vendor_exposure(since=None, until=None)
+    rows = dossiers.vendor_exposure(since=None, until=None)
     assert sum(r["steps"] for r in rows) == _calls_made().count() > 0
     assert not PendingRollup.objects.exists()
 

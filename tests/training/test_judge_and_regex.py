@@ -91,7 +91,7 @@ def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
     assert run.cost_usd == attempts + decisions + judge_cost
 
     # the judge's vendor saw the task: the auditors' vendor report says so, and lists the task
-    from routing.compliance import vendor_exposure, vendor_tasks
+    from compliance.dossiers import vendor_exposure, vendor_tasks
 
     (row,) = [r for r in vendor_exposure(since=None, until=None) if r["vendor"] == "acme"]
     assert (row["judged"], row["steps"], row["tasks"]) == (1, 0, 1) and row["cost"] == judge_cost

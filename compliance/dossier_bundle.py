@@ -15,8 +15,7 @@ from audit.bundle import FORMAT
 from audit.chain import event_content, run_chain
 from audit.checkpoints import purge_body
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, CheckpointHead
-
-from .models import Attempt, Run, Task
+from routing.models import Attempt, Run, Task
 
 
 def _event(event: AuditEvent) -> dict[str, Any]:

@@ -17,17 +17,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from audit.actions import Action
+from audit.exports import FIELDS, checkpoint_reference, export_response
+from audit.filters import AuditEventFilter
+from audit.models import AuditEvent
+from audit.roles import AUDIT_ROLES
+from audit.services import Actor, event_record
+from audit.verify import verify
 from utilities import params
 
 from . import selectors
-from .actions import Action
-from .exports import FIELDS, checkpoint_reference, export_response
-from .filters import AuditEventFilter
-from .models import AuditEvent
 from .pagination import EventCursorPagination
-from .roles import AUDIT_ROLES
-from .services import Actor, event_record
-from .verify import verify
 
 READ = {"GET": AUDIT_ROLES, "HEAD": AUDIT_ROLES, "OPTIONS": AUDIT_ROLES}
 PERIOD = [

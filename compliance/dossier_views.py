@@ -1,5 +1,5 @@
 """Auditors' pages about tasks: the dossier, vendor exposure and legal holds (read models in
-routing.compliance)."""
+compliance.dossiers)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from audit import policies
 from audit.models import Role
 from audit.roles import AUDIT_ROLES, request_roles, role_required
 from audit.services import Actor, legal_hold_place, legal_hold_release, record_viewed
+from routing import selectors
+from routing.models import Task
 from utilities import params
 
-from . import compliance, selectors
+from . import dossiers
 from .dossier_bundle import dossier_bundle
-from .models import Task
 
 
 @role_required(*AUDIT_ROLES)
@@ -36,7 +37,7 @@ def dossier(request: HttpRequest, task_id) -> HttpResponse:
         response = JsonResponse(bundle, json_dumps_params={"indent": 1, "ensure_ascii": False})
         response["Content-Disposition"] = f'attachment; filename="dossier-{task.pk}.json"'
         return response
-    context = compliance.dossier_context(task)
+    context = dossiers.dossier_context(task)
     if download:
         pdf = download == "pdf"
         html = render_to_string(
@@ -101,11 +102,11 @@ def hold(request: HttpRequest, task_id) -> HttpResponse:
 @role_required(*AUDIT_ROLES)
 def vendor_report(request: HttpRequest) -> HttpResponse:
     since, until = params.period(request.GET)
-    rows = compliance.vendor_exposure(since=since, until=until)
+    rows = dossiers.vendor_exposure(since=since, until=until)
     vendor = params.text(request.GET, "vendor")
     classification = params.choice(request.GET, "classification", policies.data_classes())
     tasks = (
-        compliance.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
+        dossiers.vendor_tasks(vendor=vendor, classification=classification, since=since, until=until)
         if vendor and classification
         else None
     )
@@ -114,7 +115,7 @@ def vendor_report(request: HttpRequest) -> HttpResponse:
         "audit/vendor_report.html",
         {
             "rows": rows,
-            "flows": compliance.exposure_flows(rows),
+            "flows": dossiers.exposure_flows(rows),
             "tasks": tasks,
             "vendor": vendor,
             "classification": classification,

@@ -12,7 +12,8 @@ import pytest
 from django.test import Client
 
 from audit.models import Role
-from routing import compliance, engine
+from compliance import dossiers
+from routing import engine
 from routing.models import Step, Task
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
@@ -46,7 +47,7 @@ def steps_of(task: Task) -> dict[str, Step]:
 def test_a_tasks_map_names_what_each_vendor_received_and_which_call_carried_it(three_steps):
     task = three_steps
     steps = steps_of(task)
-    context = compliance.dossier_context(task)
+    context = dossiers.dossier_context(task)
     exposure = context["exposure"]
     # the LLM conductor was sent the task to plan it: a column of its own
     assert exposure["vendors"] == ["acme", "conductor llm-test", "globex"]
@@ -110,17 +111,17 @@ def test_the_dossier_folds_views_of_the_record_apart_from_the_tasks_history(thre
     auditor.force_login(_user("ada", Role.AUDITOR))
     operator.force_login(_user("olga", Role.OPERATOR))
     url = f"/audit/tasks/{three_steps.pk}/"
-    for _ in range(compliance.VIEWS_SHOWN + 4):
+    for _ in range(dossiers.VIEWS_SHOWN + 4):
         assert auditor.get(url).status_code == 200
     assert operator.get(f"/tasks/{three_steps.pk}/").status_code == 200
 
     response = auditor.get(url)
 
     total = AuditEvent.objects.filter(task_id=three_steps.pk, action="record.viewed").count()
-    assert total == compliance.VIEWS_SHOWN + 6
+    assert total == dossiers.VIEWS_SHOWN + 6
     views = response.context["views"]  # the record as it stood when this look began: the views before it
     seen = total - 1
-    assert views["total"] == seen and len(views["latest"]) == compliance.VIEWS_SHOWN
+    assert views["total"] == seen and len(views["latest"]) == dossiers.VIEWS_SHOWN
     assert {v["actor_name"]: v["n"] for v in views["viewers"]} == {"ada": seen - 1, "olga": 1}
     assert not [e for e in response.context["events"] if e.action == "record.viewed"]
     history = AuditEvent.objects.filter(task_id=three_steps.pk).exclude(action="record.viewed").count()

@@ -11,19 +11,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
-from django.db.models.deletion import ProtectedError
-from django.db.models.signals import pre_delete
-from django.dispatch import receiver
 
 from audit.actions import Action
 from audit.chain import run_chain
 from audit.exports import checkpoint_reference
 from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
-
-from . import rollups
-from .models import ConductorVersion, Run, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
-from .plans import visible_indices
+from routing import rollups
+from routing.models import ConductorVersion, Run, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
+from routing.plans import visible_indices
 
 
 def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
@@ -90,7 +86,7 @@ IN_FLIGHT = (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
 def _reached(since: datetime | None, until: datetime | None) -> QuerySet[Step]:
-    """Steps whose content left for their vendor (routing.compliance.reached_vendor), in a period."""
+    """Steps whose content left for their vendor (reached_vendor, below), in a period."""
     qs = Step.objects.exclude(vendor="").exclude(status=StepStatus.PENDING).filter(started_at__isnull=False)
     if since:
         qs = qs.filter(started_at__gte=since)
@@ -302,14 +298,3 @@ def dossier_context(task: Task) -> dict[str, Any]:
         "holds": list(LegalHold.objects.filter(task_id=task.pk).order_by("-placed_at")),
         "retention_days": settings.RETENTION_DAYS.get(task.classification),
     }
-
-
-def holds_active(task_id: Any) -> QuerySet[LegalHold]:
-    return LegalHold.objects.filter(task_id=task_id, released_at__isnull=True)
-
-
-@receiver(pre_delete, sender=Task, dispatch_uid="routing.compliance.task_held")
-def _refuse_deleting_a_held_task(sender: Any, instance: Task, **kwargs: Any) -> None:
-    """A task under legal hold is never deleted (LegalHold keeps the task's id, not a foreign key)."""
-    if holds_active(instance.pk).exists():
-        raise ProtectedError(f"task {instance.pk} is under legal hold", {instance})

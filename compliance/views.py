@@ -1,5 +1,5 @@
 """Pages for auditors: event log, policy report, verification, exports, API tokens. The pages about
-tasks (dossier, vendor exposure, legal holds) live with the tasks, in routing.compliance_views."""
+tasks (dossier, vendor exposure, legal holds) are in compliance.dossier_views."""
 
 from __future__ import annotations
 
@@ -15,16 +15,11 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
-from utilities import params
-from utilities.pagination import page
-
-from . import selectors
-from .actions import Action
-from .exports import EXPORT_FORMATS, checkpoint_reference, export_response
-from .filters import AuditEventFilter
-from .models import Role
-from .pagination import EventCursorPagination
-from .roles import (
+from audit.actions import Action
+from audit.exports import EXPORT_FORMATS, checkpoint_reference, export_response
+from audit.filters import AuditEventFilter
+from audit.models import Role
+from audit.roles import (
     AUDIT_ROLES,
     EVERYONE,
     role_required,
@@ -33,8 +28,13 @@ from .roles import (
     tokens_visible,
     user_roles,
 )
-from .services import Actor, event_record
-from .verify import verify
+from audit.services import Actor, event_record
+from audit.verify import verify
+from utilities import params
+from utilities.pagination import page
+
+from . import selectors
+from .pagination import EventCursorPagination
 
 
 @role_required(*AUDIT_ROLES)

@@ -10,8 +10,8 @@ from django.db import transaction
 
 from audit.actions import Action
 from audit.models import AuditEvent, Role
-from audit.pagination import EventCursorPagination
 from audit.services import Actor, event_record
+from compliance.pagination import EventCursorPagination
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,5 @@
 """The auditors' API on tasks (/api/audit/, beside audit's own endpoints): vendor exposure and a
-task's dossier as a bundle that carries its own proof (routing.dossier_bundle; `python -m
+task's dossier as a bundle that carries its own proof (compliance.dossier_bundle; `python -m
 audit.bundle verify` checks it with the public key alone)."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit import policies
-from audit.api import PERIOD, READ
 from audit.services import record_viewed
+from routing import selectors
+from routing.models import Task
 from utilities import params
 
-from . import compliance, selectors
+from . import dossiers
+from .api import PERIOD, READ
 from .dossier_bundle import dossier_bundle
-from .models import Task
 
 
 class VendorReportView(APIView):
@@ -57,12 +58,12 @@ class VendorReportView(APIView):
                 "output_tokens": r["output_tokens"],
                 "cost_usd": str(r["cost"]),
             }
-            for r in compliance.vendor_exposure(since=since, until=until)
+            for r in dossiers.vendor_exposure(since=since, until=until)
         ]
         tasks = (
             [
                 t.pk
-                for t in compliance.vendor_tasks(
+                for t in dossiers.vendor_tasks(
                     vendor=vendor, classification=classification, since=since, until=until
                 )
             ]

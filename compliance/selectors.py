@@ -9,8 +9,8 @@ from django.db.models import Case, CharField, F, OuterRef, Q, Subquery, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
-from .models import POLICY_EVENT, AuditEvent, PolicyRule
-from .templatetags.display import plain
+from audit.models import POLICY_EVENT, AuditEvent, PolicyRule
+from audit.templatetags.display import plain
 
 POLICY_EVENTS_SHOWN = 200  # the newest; a period narrows to older ones
 
