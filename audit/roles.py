@@ -1,6 +1,9 @@
 """Roles: auditor (read everything, export, change nothing), operator (submit, manage the pool),
 ML staff (datasets, training, promotion), admin (everything). A user's roles are the Django groups of
-the same names (superusers are admins); an API token carries one role, at most its user's."""
+the same names (superusers are admins); an API token carries one role, at most its user's.
+
+Here, not in utilities: `Role` and `ApiToken` are audit's models, and granting a role or making a
+token is an audit event."""
 
 from __future__ import annotations
 
