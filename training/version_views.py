@@ -9,11 +9,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from audit import params
 from audit.models import Role
 from audit.roles import request_roles, role_required
 from routing.errors import ServiceError
 from routing.models import ConductorVersion
+from utilities import params
 
 from . import services
 from .forms import EvaluateForm

@@ -23,13 +23,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from audit import params
 from audit.models import Role
 from audit.roles import has_role, request_roles, role_required
 from audit.services import Actor
 from routing.errors import ServiceError
 from routing.models import ConductorVersion
 from routing.services import conductor_active
+from utilities import params
 
 from . import limits, page_state, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm

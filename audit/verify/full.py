@@ -234,6 +234,12 @@ def _anchor_problems(
     yield from _file_rows(report, files)
     signed.flush()
     seen.flush()
+    yield from _database_against_files(directory, latest_at)
+
+
+def _database_against_files(directory: Path, latest_at: datetime | None) -> Iterator[Problem]:
+    """The checkpoint rows and events the files do not account for, and the seals after the latest
+    checkpoint left unsigned too long (verify_seen, verify_signed: what the files held)."""
     table = Checkpoint._meta.db_table
     for number, pk, file_name in _stream(
         f"SELECT COALESCE(c.number, c.id), c.id, c.file_name FROM {table} c"  # noqa: S608
