@@ -344,7 +344,7 @@ turn, so the global chain takes at most about **{f["ceiling_ends_per_s"]:,} run 
 that figure does not grow with workers or database cores (only with a faster flush). Everything else a
 run writes goes to rows and a chain of its own and spreads over the server's cores. {here} A scaled-out
 deployment hits the global head first once its database is larger than that: {scaled}. The engine's
-one-statement end (`routing/engine/finish.py`, `_end_at_once`) holds the head the same way, from the
+one-statement end (`routing/engine/run_end.py`, `_end_at_once`) holds the head the same way, from the
 statement's `g0` to its commit, and writes the run's, the task's and the rollups' rows in that
 statement: its hold is no shorter than the one measured here.
 

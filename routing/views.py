@@ -204,7 +204,7 @@ def task_retry_view(request: HttpRequest, task_id) -> HttpResponse:
 
 def scored_as(task: Task, runs: list[Run]) -> dict[str, str] | None:
     """The scorer that graded the task's answer and the answer it read out of it, as the run's end
-    recorded them (routing.engine.finish): what a score of 0 next to a right-looking answer needs."""
+    recorded them (routing.engine.run_end): what a score of 0 next to a right-looking answer needs."""
     if task.score is None:
         return None
     graded = [str(r.pk) for r in runs if r.kind in (Run.Kind.LIVE, Run.Kind.RETRY)]
