@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY conductor_web conductor_web
 COPY routing routing
 COPY audit audit
+COPY accounts accounts
 COPY training training
 COPY compliance compliance
 COPY utilities utilities

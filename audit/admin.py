@@ -1,113 +1,42 @@
-"""The admin site, by role: who reaches which page is decided by our roles (audit.roles), never by
-`is_staff` or Django's model permissions. Every save is an audit event in the same transaction.
+"""Audit's pages of the admin site by role (accounts.admin.site): every save is an audit event in
+the same transaction.
 
-- `site` (RoleAdminSite) lets in users holding a role; everyone else signed in gets 403, and signing
-  in goes through the app's own login page.
-- Each ModelAdmin (RoleModelAdmin) declares which roles may view, add, change and delete its model
-  (`roles`); the admin role may do whatever the ModelAdmin allows at all. Fields only the admin role
-  may change (`admin_only_fields`) are read-only for everyone else.
+- AuditedAdmin, the ModelAdmin of the models whose changes are recorded (policy rules here, workers
+  and conductor versions in routing/admin.py).
 - Users and groups (their names are roles) are the admin role's; their changes are audited by
   audit.user_events, from here or anywhere else. API tokens are listed and revoked here (made on
   /audit/tokens/, where the token is shown once).
 
-docs/audit.md ("Who reaches which admin page") lists the result; tests/audit/test_admin_roles.py
+docs/audit.md ("Who reaches which admin page") lists the result; tests/accounts/test_admin_roles.py
 checks it page by page.
 """
 
-from functools import wraps
-
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.auth import REDIRECT_FIELD_NAME, get_user_model
+from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin as DjangoGroupAdmin
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.contrib.auth.models import Group
-from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.shortcuts import resolve_url
-from django.urls import reverse
 from django.utils.html import escape
-from django.utils.http import url_has_allowed_host_and_scheme
+
+from accounts.admin import AUDITOR, RoleModelAdmin, request_context_register, site
+from accounts.models import ApiToken
+from accounts.roles import has_role, user_roles
 
 from . import policies, user_events
 from .actions import Action
-from .models import ApiToken, LegalHold, PolicyRule, Role
-from .roles import has_role, request_roles, token_revoke, user_roles
+from .models import LegalHold, PolicyRule
+from .roles import token_revoke
 from .services import Actor, event_record
 
-AUDITOR, OPERATOR, ML_STAFF, ADMIN = Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN
+
+def acting_as_signed_in(request):
+    """The admin site's changes to users and groups are recorded with the signed-in user as actor."""
+    return user_events.acting_as(Actor.for_user(request.user))
 
 
-class RoleAdminSite(admin.AdminSite):
-    site_header = "Conductor Web administration"
-    site_title = "Conductor Web admin"
-    index_title = "Administration"
-
-    def has_permission(self, request) -> bool:
-        # Any role reaches the index; each page then asks its ModelAdmin. Not is_staff.
-        return bool(request.user.is_active and request_roles(request))
-
-    def admin_view(self, view, cacheable=False):
-        protected = super().admin_view(view, cacheable)
-
-        @wraps(protected)
-        def inner(request, *args, **kwargs):
-            if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path(), resolve_url(settings.LOGIN_URL))
-            if not self.has_permission(request) and request.path != reverse(
-                "admin:logout", current_app=self.name
-            ):
-                raise PermissionDenied("the admin site needs a role")
-            # Changes to users and groups made here are recorded with this user as their actor.
-            with user_events.acting_as(Actor.for_user(request.user)):
-                return protected(request, *args, **kwargs)
-
-        return inner
-
-    def login(self, request, extra_context=None):
-        """One login page for the whole app (/login/): the admin site has no staff login of its own."""
-        target = request.GET.get(REDIRECT_FIELD_NAME, "")
-        if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-            target = reverse("admin:index", current_app=self.name)
-        return redirect_to_login(target, resolve_url(settings.LOGIN_URL))
-
-
-site = RoleAdminSite(name="admin")
-
-
-class RoleModelAdmin(admin.ModelAdmin):
-    """A ModelAdmin whose permissions are roles. `roles` maps "view", "add", "change", "delete" to the
-    roles that may (the admin role always may, where the ModelAdmin allows it at all); change implies
-    view. `admin_only_fields` are read-only unless the request holds the admin role."""
-
-    roles: dict[str, tuple[str, ...]] = {}
-    admin_only_fields: tuple[str, ...] = ()
-
-    def _may(self, request, action: str) -> bool:
-        return has_role(request, self.roles.get(action, ()))
-
-    def has_view_permission(self, request, obj=None) -> bool:
-        return self._may(request, "view") or self._may(request, "change")
-
-    def has_add_permission(self, request) -> bool:
-        return self._may(request, "add")
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return self._may(request, "change")
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return self._may(request, "delete")
-
-    def has_module_permission(self, request) -> bool:
-        return self.has_view_permission(request)
-
-    def get_readonly_fields(self, request, obj=None):
-        fields = list(super().get_readonly_fields(request, obj))
-        if ADMIN not in request_roles(request):
-            fields += [f for f in self.admin_only_fields if f not in fields]
-        return fields
+request_context_register(acting_as_signed_in)
 
 
 class AuditedAdmin(RoleModelAdmin):

@@ -15,8 +15,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
+from accounts.models import Role
+
 from .actions import Action
-from .models import GLOBAL_CHAIN, AuditEvent, Role
+from .models import GLOBAL_CHAIN, AuditEvent
 from .user_events import FLAGS
 from .verify import Problem
 

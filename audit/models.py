@@ -1,4 +1,4 @@
-"""The audit record: append-only, hash-chained events, signed checkpoints, policies, roles and holds.
+"""The audit record: append-only, hash-chained events, signed checkpoints, policies and legal holds.
 
 Events form chains: one per run (`run:<correlation id>`, its steps contend only with each other) and a
 global chain for human actions, pool and policy changes, and the seals of finished runs. Each event
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.fields.json import KT
-from django.utils import timezone
 
 from .actions import Action
 
@@ -206,47 +204,6 @@ class PolicyRule(models.Model):
             values["regions"],
             values["data_classes"],
         )
-
-
-class Role(models.TextChoices):
-    AUDITOR = "auditor", "Auditor"
-    OPERATOR = "operator", "Operator"
-    ML_STAFF = "ml_staff", "ML staff"
-    ADMIN = "admin", "Admin"
-
-
-class ApiToken(models.Model):
-    """An API token that carries a role (at most the roles its user has).
-
-    The token itself is never stored: only its sha256 (tokens are 256 random bits, not passwords, so
-    a fast hash is right) and its first characters (`prefix`, not secret) to tell tokens apart. It is
-    shown once, when made (audit.roles.token_create). It expires, and may be revoked."""
-
-    key_hash = models.CharField(max_length=64, unique=True, help_text="sha256 of the token, hex")
-    prefix = models.CharField(max_length=16, help_text="The token's first characters (not secret)")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="api_tokens", on_delete=models.CASCADE)
-    role = models.CharField(max_length=20, choices=Role.choices)
-    name = models.CharField(max_length=100, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField()
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    revoked_by = models.CharField(max_length=150, blank=True, help_text="Copied so it outlives the account")
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"token {self.name or self.pk} ({self.role}) of {self.user}"
-
-    @property
-    def is_expired(self) -> bool:
-
-        return self.expires_at <= timezone.now()
-
-    @property
-    def is_usable(self) -> bool:
-        return self.revoked_at is None and not self.is_expired
 
 
 class LegalHold(models.Model):

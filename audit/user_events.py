@@ -32,8 +32,9 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_save, pre_delete, pre_save
 
+from accounts.roles import user_roles
+
 from .actions import Action
-from .roles import user_roles
 from .services import Actor, event_record
 
 FLAGS = ("is_active", "is_staff", "is_superuser")

@@ -17,11 +17,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.roles import AUDIT_ROLES
 from audit.actions import Action
 from audit.exports import FIELDS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
 from audit.models import AuditEvent
-from audit.roles import AUDIT_ROLES
 from audit.services import Actor, event_record
 from audit.verify import verify
 from utilities import params

@@ -12,9 +12,9 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from accounts.models import Role
+from accounts.roles import AUDIT_ROLES, request_roles, role_required
 from audit import policies
-from audit.models import Role
-from audit.roles import AUDIT_ROLES, request_roles, role_required
 from audit.services import Actor, legal_hold_place, legal_hold_release, record_viewed
 from routing import selectors
 from routing.models import Task

@@ -15,19 +15,13 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
+from accounts.models import Role
+from accounts.roles import AUDIT_ROLES, EVERYONE, role_required, user_roles
+from accounts.tokens import tokens_visible
 from audit.actions import Action
 from audit.exports import EXPORT_FORMATS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
-from audit.models import Role
-from audit.roles import (
-    AUDIT_ROLES,
-    EVERYONE,
-    role_required,
-    token_create,
-    token_revoke,
-    tokens_visible,
-    user_roles,
-)
+from audit.roles import token_create, token_revoke
 from audit.services import Actor, event_record
 from audit.verify import verify
 from utilities import params

@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "axes",  # before audit: its failed-login handler runs first, and audit reads what it counted
+    "accounts",  # roles, API tokens, the admin site by role; below audit, which records their changes
     "audit",
     "routing",
     "compliance",  # the auditors' pages and API, above routing and audit
@@ -101,7 +102,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "audit.context_processors.roles",
+                "accounts.context_processors.roles",
             ],
         },
     },
@@ -341,9 +342,9 @@ os.environ.setdefault("LITELLM_LOG", "ERROR")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "audit.authentication.RoleTokenAuthentication",
+        "accounts.authentication.RoleTokenAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["audit.roles.HasRole"],
+    "DEFAULT_PERMISSION_CLASSES": ["accounts.roles.HasRole"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "routing.pagination.CreatedCursorPagination",
@@ -361,7 +362,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs; train, evaluate and promote conductors.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
-    "SERVE_PERMISSIONS": ["audit.roles.HasRole"],
+    "SERVE_PERMISSIONS": ["accounts.roles.HasRole"],
     # Swagger UI (/api/docs/) and Redoc (/api/redoc/) from the sidecar's static files: nothing from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -408,7 +409,7 @@ AXES_RESET_ON_SUCCESS = True  # a success forgets that username's failures from 
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "audit.auth_events.lockout_response"  # the login page, 429, for how long
 AXES_DISABLE_ACCESS_LOG = True  # logins are audit events already
-AXES_ENABLE_ADMIN = False  # the admin site is audit.admin.site, by role
+AXES_ENABLE_ADMIN = False  # the admin site is accounts.admin.site, by role
 AXES_SENSITIVE_PARAMETERS = ["password", "csrfmiddlewaretoken"]
 # Behind reverse proxies, how many append to X-Forwarded-For: the client's address is the one the
 # outermost saw. 0: REMOTE_ADDR (behind a proxy left at 0, every login would count against its address).

@@ -7,7 +7,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from audit.admin import site as admin_site  # the admin site by role (not Django's staff flag)
+from accounts.admin import site as admin_site  # the admin site by role (not Django's staff flag)
 
 from .api_docs import RedocView, redoc_bundle
 from .metrics import metrics

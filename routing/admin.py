@@ -1,13 +1,14 @@
 """Admin for the pool and conductor versions. Every save is an audit event in the same transaction.
 
 Operators manage workers (view, change); auditors and ML staff see them or the conductor versions
-(see audit.admin and docs/audit.md). Where a worker sends data and which key it sends (`api_base`,
+(see accounts.admin, audit.admin and docs/audit.md). Where a worker sends data and which key it sends (`api_base`,
 `api_key_env`), and a conductor version's `config` (its endpoint and key), are changed by the admin
 role only: read-only for everyone else."""
 
 from django.contrib import admin
 
-from audit.admin import ADMIN, AUDITOR, ML_STAFF, OPERATOR, AuditedAdmin, site
+from accounts.admin import ADMIN, AUDITOR, ML_STAFF, OPERATOR, site
+from audit.admin import AuditedAdmin
 
 from .models import ConductorVersion, Worker
 from .secrets import ENDPOINT_FIELDS

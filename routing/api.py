@@ -10,8 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.models import Role
-from audit.roles import EVERYONE
+from accounts.models import Role
+from accounts.roles import EVERYONE
 from audit.services import record_viewed
 
 from . import compare, limits, selectors

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from audit.roles import EVERYONE, role_required
+from accounts.roles import EVERYONE, role_required
 from audit.services import record_viewed
 
 from . import compare

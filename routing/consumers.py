@@ -7,7 +7,7 @@ import uuid
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
-from audit.roles import EVERYONE, user_roles
+from accounts.roles import EVERYONE, user_roles
 
 from .live import task_group, unwatch, watch
 

@@ -18,8 +18,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from accounts.models import Role
 from audit.actions import Action
-from audit.models import Role
 from audit.services import Actor, event_record
 
 from .errors import ServiceError

@@ -9,7 +9,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from audit.roles import role_required
+from accounts.roles import role_required
 from audit.services import record_viewed
 from utilities import params
 

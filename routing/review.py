@@ -16,8 +16,8 @@ from django.db import transaction
 from django.db.models import Case, Exists, FloatField, OuterRef, QuerySet, Subquery, Value, When
 from django.db.models.lookups import Exact
 
+from accounts.models import Role
 from audit.actions import Action
-from audit.models import Role
 from audit.services import Actor, event_record
 
 from .errors import ServiceError

@@ -9,7 +9,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from audit.roles import EVERYONE
+from accounts.roles import EVERYONE
 from utilities import params
 from utilities.filters import RuleFilter, StrictFilterSet, choice
 from utilities.pagination import StrictCursorPagination

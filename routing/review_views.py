@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from audit.roles import role_required
+from accounts.roles import role_required
 from utilities import params
 from utilities.pagination import StrictCursorPagination, page
 

@@ -17,8 +17,8 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from accounts.roles import EVERYONE, role_required
 from audit.actions import Action
-from audit.roles import EVERYONE, role_required
 from audit.services import Actor, event_record
 from utilities import params
 from utilities.params import InvalidParameter

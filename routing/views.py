@@ -10,9 +10,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from accounts.models import Role
+from accounts.roles import EVERYONE, has_role, role_required
 from audit.actions import Action
-from audit.models import AuditEvent, Role
-from audit.roles import EVERYONE, has_role, role_required
+from audit.models import AuditEvent
 from audit.services import record_viewed
 from utilities import params
 from utilities.pagination import page

@@ -18,8 +18,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from audit.models import Role
-from audit.roles import request_roles
+from accounts.models import Role
+from accounts.roles import request_roles
 from audit.services import Actor
 from routing.models import ConductorVersion
 from routing.services import conductor_active

@@ -9,8 +9,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from audit.models import Role
-from audit.roles import request_roles, role_required
+from accounts.models import Role
+from accounts.roles import request_roles, role_required
 from routing.errors import ServiceError
 from routing.models import ConductorVersion
 from utilities import params

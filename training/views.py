@@ -23,8 +23,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from audit.models import Role
-from audit.roles import has_role, request_roles, role_required
+from accounts.models import Role
+from accounts.roles import has_role, request_roles, role_required
 from audit.services import Actor
 from routing.errors import ServiceError
 from routing.models import ConductorVersion

@@ -2,6 +2,6 @@
 lists' filters and cursors built on them (filters, pagination), the CSV writer that neutralises
 formulas (csv_safe) and the password rule Django's validators miss (passwords).
 
-It imports none of the apps. Roles, API tokens and the admin site by role stay in audit: the `Role`
-and `ApiToken` they read are audit's models, and granting a role or making a token is an audit event.
+It imports none of the apps. Roles, API tokens and the admin site by role are accounts', the app just
+above this one.
 """

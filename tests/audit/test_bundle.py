@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.test import Client
 
+from accounts.models import Role
 from audit import signing
 from audit.checkpoints import checkpoint_create
-from audit.models import Role
 from audit.proof import digest
 
 pytestmark = pytest.mark.django_db(transaction=True)

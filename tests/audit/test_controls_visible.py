@@ -8,7 +8,7 @@ from django.template import Context, Template
 from django.test import Client
 from django.utils.safestring import mark_safe
 
-from audit.models import Role
+from accounts.models import Role
 from routing.models import RunStatus
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json

@@ -11,8 +11,9 @@ import pytest
 from django.db import transaction
 from django.test import Client
 
+from accounts.models import Role
 from audit.exports import FIELDS
-from audit.models import AuditEvent, Role
+from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from routing.models import RunStatus, Step, Worker
 from tests.audit.support import run_now, submit

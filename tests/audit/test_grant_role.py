@@ -12,8 +12,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from audit.models import ApiToken, AuditEvent
-from audit.roles import token_hash, user_roles
+from accounts.models import ApiToken
+from accounts.roles import user_roles
+from accounts.tokens import token_hash
+from audit.models import AuditEvent
 from tests.conftest import ROOT, database_url
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from accounts.models import Role
 from audit.checkpoints import checkpoint_create
-from audit.models import Role
 from audit.verify import verify
 from routing import review
 from tests.audit.support import sql

@@ -15,10 +15,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import Role
 from audit import chain as audit_chain
 from audit import signing
 from audit.checkpoints import checkpoint_create, purge_body
-from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint, Role
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint
 from audit.verify import verify
 from routing.models import Attempt, Run, RunStatus, Step
 from tests.audit.support import audit_verify, expected_hash, rehash, run_now, sql, submit, triggers_off

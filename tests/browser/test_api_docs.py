@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,8 @@ import math
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from routing import engine
 from routing.models import Task
 from routing.services import TaskSubmission, task_submit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from tests.routing.test_compare import XSS, live_and_shadow
 
 pytestmark = pytest.mark.django_db(transaction=True)

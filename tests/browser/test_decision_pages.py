@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, Step, Task

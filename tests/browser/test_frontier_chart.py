@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from tests.browser.conftest import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ import pytest
 from django.db import connections
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine
 from routing.models import Decision, Run, RunStatus, Step, Task
 from routing.plans import MAX_STEPS

@@ -13,8 +13,9 @@ import pytest
 from django.db import connections
 from playwright.sync_api import Page, expect
 
+from accounts.models import Role
 from audit.chain import run_chain
-from audit.models import ChainHead, Role
+from audit.models import ChainHead
 from routing import engine
 from routing.models import Run, Task
 from routing.services import TaskSubmission, task_submit

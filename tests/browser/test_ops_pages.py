@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine, replay
 from routing.models import Attempt, Decision, Grain, RunRollup, Step, Task
 from routing.services import TaskSubmission, conductor_active, task_submit

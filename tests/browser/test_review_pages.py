@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
 

@@ -11,7 +11,7 @@ import pytest
 from django.db import connections
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine
 from routing.models import Run, Task
 from routing.services import TaskSubmission, task_submit

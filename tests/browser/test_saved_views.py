@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from routing.models import SavedView, Task
 from routing.services import TaskSubmission, task_submit
 

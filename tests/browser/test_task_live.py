@@ -15,7 +15,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from routing import live
 from routing.models import Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit

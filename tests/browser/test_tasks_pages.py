@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine
 from routing.models import RunStatus, Task
 from routing.services import TaskSubmission, task_submit

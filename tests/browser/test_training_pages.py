@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.models import Role
+from accounts.models import Role
 from tests.browser.conftest import wait_until
 from training.models import JobStatus, TrainingJob, TrainingMetric
 

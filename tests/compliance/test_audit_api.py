@@ -11,9 +11,10 @@ import json
 import pytest
 from django.test import Client
 
+from accounts.models import Role
 from audit import signing
 from audit.checkpoints import checkpoint_create
-from audit.models import AuditEvent, PolicyRule, Role
+from audit.models import AuditEvent, PolicyRule
 from audit.roles import token_create
 from tests.audit.test_bundle import standalone, write
 

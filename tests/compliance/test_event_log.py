@@ -8,8 +8,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from accounts.models import Role
 from audit.actions import Action
-from audit.models import AuditEvent, Role
+from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from compliance.pagination import EventCursorPagination
 

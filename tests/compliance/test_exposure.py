@@ -11,7 +11,7 @@ import zlib
 import pytest
 from django.test import Client
 
-from audit.models import Role
+from accounts.models import Role
 from compliance import dossiers
 from routing import engine
 from routing.models import Step, Task

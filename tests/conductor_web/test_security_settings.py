@@ -161,7 +161,7 @@ def browser():
 def test_the_policy_lets_the_live_pages_work_and_is_never_violated(asgi_page, asgi_log_in):  # noqa: F811
     from playwright.sync_api import expect
 
-    from audit.models import Role
+    from accounts.models import Role
     from routing.models import Task
     from routing.services import TaskSubmission, task_submit
 

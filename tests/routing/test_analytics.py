@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from audit.models import Role
+from accounts.models import Role
 from routing import analytics, engine, replay
 from routing.models import Run, Step, Task
 from routing.services import TaskSubmission, task_submit

@@ -9,7 +9,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.models import ApiToken, AuditEvent, Role
+from accounts.models import ApiToken, Role
+from audit.models import AuditEvent
 from audit.roles import token_create, user_set_roles
 from routing import engine
 from routing.models import Run, RunStatus, Task, Worker

@@ -20,7 +20,7 @@ from django.core.management import call_command
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from audit.models import Role
+from accounts.models import Role
 from audit.roles import token_create
 from routing.services import TaskSubmission, task_submit
 

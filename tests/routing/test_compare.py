@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.roles import token_create
 from audit.services import Actor
 from routing import compare, engine

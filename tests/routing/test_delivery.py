@@ -23,7 +23,8 @@ from django.db.models import Sum
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded

@@ -19,8 +19,9 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.test import Client
 
+from accounts.models import Role
 from audit.chain import run_chain
-from audit.models import AuditEvent, ChainHead, Role
+from audit.models import AuditEvent, ChainHead
 from conductor_web.asgi import application
 from routing import engine, live
 from routing.models import Run, Step, Task

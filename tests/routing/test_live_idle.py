@@ -20,7 +20,7 @@ from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
-from audit.models import Role
+from accounts.models import Role
 from routing import live
 from tests.routing.test_live import communicator, session_headers
 

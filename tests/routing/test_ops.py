@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine, ops, presence, rollups
 from routing.models import Attempt, OpsRollup, Run, StopReason, Task
 from routing.services import TaskSubmission, task_submit

@@ -12,7 +12,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from audit.models import AuditEvent, PolicyRule, Role
+from accounts.models import Role
+from audit.models import AuditEvent, PolicyRule
 from audit.services import Actor
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 from routing.retention import PURGED, task_purge

@@ -12,7 +12,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from routing.models import SavedView, Task
 from routing.services import TaskSubmission, task_submit
 

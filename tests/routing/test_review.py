@@ -10,7 +10,8 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.roles import token_create
 from audit.services import Actor
 from routing import review

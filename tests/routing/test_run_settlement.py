@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.verify import verify
 from routing import engine
 from routing.conductors import Proposal, backend_register

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils.html import escape
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine, replay
 from routing.models import ConductorVersion, RunStatus, StepStatus, Task
 from training.policy import Policy, Workflow

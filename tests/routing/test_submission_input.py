@@ -16,7 +16,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.models import Role
+from accounts.models import Role
 from audit.roles import token_create
 from routing import limits
 from routing.models import Task

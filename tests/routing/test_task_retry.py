@@ -8,7 +8,8 @@ import json
 import pytest
 from django.test import Client
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from routing.models import Run, RunStatus, Task
 from tests.openai_server import Reply, plan_json
 from tests.routing.test_engine import run_now, submit

@@ -13,7 +13,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from routing import engine
 from routing.models import Run, Step, Task
 from routing.services import TaskSubmission, task_submit

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from audit.models import Role
+from accounts.models import Role
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ from drf_spectacular.drainage import GENERATOR_STATS
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from audit.models import ApiToken, AuditEvent, Role
+from accounts.models import ApiToken, Role
+from audit.models import AuditEvent
 from audit.roles import token_create
 from routing import engine
 from routing.models import ConductorVersion, Run, RunStatus, Task

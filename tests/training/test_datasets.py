@@ -11,7 +11,8 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, Decision, Run, RunStatus, Task

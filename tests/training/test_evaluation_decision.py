@@ -12,7 +12,8 @@ from django.template import Context, Template
 from django.test import Client
 from django.urls import reverse
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, Run

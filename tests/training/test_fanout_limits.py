@@ -11,7 +11,8 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import conductor_active

@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from audit.models import Role
+from accounts.models import Role
 from routing import engine
 from routing.models import ConductorVersion, Decision, Task, Worker
 from tests.openai_server import Reply

@@ -13,7 +13,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from audit.templatetags.display import plain, settings_text
 from routing.models import ConductorVersion, Run, RunStatus

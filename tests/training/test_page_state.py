@@ -8,7 +8,7 @@ from django.template.loader import get_template
 from django.test import Client
 from django.urls import reverse
 
-from audit.models import Role
+from accounts.models import Role
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion

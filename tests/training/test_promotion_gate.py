@@ -10,7 +10,8 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion

@@ -13,7 +13,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from audit.models import AuditEvent, Role
+from accounts.models import Role
+from audit.models import AuditEvent
 from audit.services import Actor
 from routing import engine, replay
 from routing.models import ConductorVersion, Run, RunStatus, Task

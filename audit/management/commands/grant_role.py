@@ -6,9 +6,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from accounts.models import Role
 from audit import user_events
 from audit.actions import Action
-from audit.models import Role
 from audit.roles import token_create, user_set_roles
 from audit.services import Actor, event_record
 

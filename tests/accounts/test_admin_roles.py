@@ -11,8 +11,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
-from audit.admin import site
-from audit.models import ApiToken, AuditEvent, LegalHold, PolicyRule
+from accounts.admin import site
+from accounts.models import ApiToken
+from audit.models import AuditEvent, LegalHold, PolicyRule
 from audit.roles import token_create
 from routing.models import ConductorVersion, Task, Worker
 from routing.services import TaskSubmission, task_submit
@@ -31,7 +32,7 @@ EVERYTHING = "view, add, change"
 ACCESS: dict[str, dict[str, str]] = {
     "auth.user": {"admin": EVERYTHING},
     "auth.group": {"admin": EVERYTHING},
-    "audit.apitoken": {"admin": "view, revoke"},
+    "accounts.apitoken": {"admin": "view, revoke"},
     "routing.worker": {"auditor": "view", "operator": "view, change", "admin": EVERYTHING},
     "routing.conductorversion": {
         "auditor": "view",
@@ -92,7 +93,7 @@ def objects(people) -> dict[str, object]:
     return {
         "auth.user": people["no role"],
         "auth.group": Group.objects.get(name="operator"),
-        "audit.apitoken": token_create(user=people["operator"], role="operator", name="ci"),
+        "accounts.apitoken": token_create(user=people["operator"], role="operator", name="ci"),
         "routing.worker": worker,
         "routing.conductorversion": ConductorVersion.objects.first()
         or ConductorVersion.objects.create(name="static-v1", backend="static"),
@@ -254,10 +255,10 @@ def test_the_admin_site_has_no_login_of_its_own(people):
 
 
 def test_the_admin_role_revokes_a_token_in_the_admin_and_it_is_audited(people, objects):
-    token = objects["audit.apitoken"]
+    token = objects["accounts.apitoken"]
     client = client_of(people["admin"])
     response = client.post(
-        "/admin/audit/apitoken/", {"action": "revoke", "_selected_action": [token.pk], "index": 0}
+        "/admin/accounts/apitoken/", {"action": "revoke", "_selected_action": [token.pk], "index": 0}
     )
     assert response.status_code == 302
     token.refresh_from_db()
@@ -268,7 +269,17 @@ def test_the_admin_role_revokes_a_token_in_the_admin_and_it_is_audited(people, o
     # An auditor sees no tokens at all, so cannot revoke one either.
     other = token_create(user=people["auditor"], role="auditor")
     response = client_of(people["auditor"]).post(
-        "/admin/audit/apitoken/", {"action": "revoke", "_selected_action": [other.pk], "index": 0}
+        "/admin/accounts/apitoken/", {"action": "revoke", "_selected_action": [other.pk], "index": 0}
     )
     assert response.status_code == 403
     assert ApiToken.objects.get(pk=other.pk).revoked_at is None
+
+
+def test_the_tokens_old_admin_pages_lead_to_their_new_place(people, objects):
+    token = objects["accounts.apitoken"]
+    client = client_of(people["admin"])
+    listed = client.get("/admin/audit/apitoken/", {"role": "operator"})
+    assert listed.status_code == 302 and listed["Location"] == "/admin/accounts/apitoken/?role=operator"
+    shown = client.get(f"/admin/audit/apitoken/{token.pk}/change/")
+    assert shown["Location"] == f"/admin/accounts/apitoken/{token.pk}/change/"
+    assert client.get(shown["Location"]).status_code == 200

@@ -7,7 +7,7 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
 from .models import ApiToken
-from .roles import token_hash
+from .tokens import token_hash
 
 # How stale `last_used_at` may get before a request writes it again (not on every request).
 LAST_USED_GRANULARITY = timedelta(minutes=1)

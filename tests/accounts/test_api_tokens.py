@@ -15,8 +15,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from audit.models import ApiToken, AuditEvent
-from audit.roles import token_create, token_hash, token_revoke
+from accounts.models import ApiToken
+from accounts.tokens import token_hash
+from audit.models import AuditEvent
+from audit.roles import token_create, token_revoke
 from audit.services import Actor
 
 pytestmark = pytest.mark.django_db
