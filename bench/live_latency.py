@@ -40,8 +40,9 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 
+from accounts.models import Role  # noqa: E402
 from audit.chain import run_chain  # noqa: E402
-from audit.models import ChainHead, Role  # noqa: E402
+from audit.models import ChainHead  # noqa: E402
 from audit.roles import user_set_roles  # noqa: E402
 from routing import engine  # noqa: E402
 from routing.models import ConductorVersion, RunStatus, Step, Task, Worker  # noqa: E402

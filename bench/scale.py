@@ -50,8 +50,8 @@ from django.test import Client  # noqa: E402
 from django.urls import NoReverseMatch, reverse  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from accounts.models import Role  # noqa: E402
 from audit.chain import run_chain  # noqa: E402
-from audit.models import Role  # noqa: E402
 from audit.roles import user_set_roles  # noqa: E402
 from audit.services import Actor  # noqa: E402
 from audit.verify import verify  # noqa: E402
