@@ -75,12 +75,7 @@ def canonical_around_seq(content: dict[str, Any]) -> tuple[str, str]:
 
 
 def digest(prev_hash: str, content: dict[str, Any]) -> str:
-    return digest_canonical(prev_hash, canonical(content))
-
-
-def digest_canonical(prev_hash: str, body: bytes) -> str:
-    """`digest` of content already made canonical."""
-    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+    return hashlib.sha256(prev_hash.encode() + canonical(content)).hexdigest()
 
 
 def body_digest(body: dict[str, Any]) -> str:
