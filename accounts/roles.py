@@ -20,6 +20,11 @@ EVERYONE = (Role.AUDITOR, Role.OPERATOR, Role.ML_STAFF, Role.ADMIN)
 AUDIT_ROLES = (Role.AUDITOR,)  # the auditors' pages (admin passes every role check)
 
 
+def recorded_user(user: Any) -> Any:
+    """The user a row records as its author: None for an anonymous caller or a service."""
+    return user if getattr(user, "is_authenticated", False) else None
+
+
 def user_roles(user: Any) -> set[str]:
     if user is None or not user.is_authenticated or not user.is_active:
         return set()

@@ -20,6 +20,7 @@ from audit.services import Actor, event_record
 
 from .holds import holds_active
 from .models import Annotation, Attempt, Decision, Run, RunStatus, Step, Task
+from .signals import task_purged
 
 PURGED = "[deleted under the retention policy]"
 BATCH = 100  # tasks per transaction: bounded lock time and memory
@@ -107,6 +108,7 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
         Task.objects.filter(pk=task.pk).update(
             text=PURGED, reference=None, final_answer=PURGED, error="", purged_at=now
         )
+        task_purged.send(sender=Task, task=task, now=now, actor=actor)  # copies of its words go too
         event_record(
             actor=actor,
             action=Action.TASK_PURGED,

@@ -7,11 +7,17 @@ arguments: `run` (the Run) and `now` (when it ended). Two ways to hear it, by th
   (training settles the tasks of its items so);
 - for any other kind, the receivers hear once the end committed; one that fails is logged (the run
   has ended).
+task_purged: see below.
 """
 
 from django.dispatch import Signal
 
 run_finished = Signal()
+
+# task_purged: sent inside a retention purge's transaction, once the task's content is deleted, so that
+# an app above that copied the task's words (training's item sets) deletes its copy in the same commit.
+# Keyword arguments: `task`, `now`, `actor`.
+task_purged = Signal()
 
 _WRITTEN_AT_END: set[str] = set()
 

@@ -24,6 +24,7 @@ from django.db.models import Q
 from routing.estimates import mean_cost
 from routing.models import RUN_ENDED, ConductorVersion, Run
 
+MAX_ITEMS = 5000  # items one rollout, evaluation or upload may take
 MAX_RUNS_PER_REQUEST = 2000
 EVALUATION_SIDES = 2  # the candidate and the baseline each plan every item
 OFFLINE_KINDS = (Run.Kind.ROLLOUT, Run.Kind.EVALUATION)

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from routing.models import ConductorVersion, Run, Task
+from routing.models import ConductorVersion, DataClass, Run, Task
 
 
 class JobStatus(models.TextChoices):
@@ -33,6 +33,14 @@ class RolloutBatch(models.Model):
     k = models.PositiveIntegerField(help_text="Workflows sampled per item (the GRPO group size)")
     temperature = models.FloatField(default=1.0)
     items = models.JSONField(default=list, help_text="The source items (or task ids) rolled out")
+    item_set = models.CharField(max_length=80, default="replay", help_text="The item set they come from")
+    item_set_version = models.ForeignKey(
+        "ItemSetVersion", null=True, blank=True, related_name="rollout_batches", on_delete=models.PROTECT
+    )
+    survey = models.BooleanField(
+        default=False,
+        help_text="Every worker answered each item once (the outcomes a learned policy trains on)",
+    )
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED)
     training_job = models.ForeignKey(
         "TrainingJob",
@@ -194,6 +202,10 @@ class Evaluation(models.Model):
         ConductorVersion, related_name="baseline_evaluations", on_delete=models.PROTECT
     )
     split = models.CharField(max_length=40, default="dev")
+    item_set = models.CharField(max_length=80, default="replay", help_text="The item set evaluated on")
+    item_set_version = models.ForeignKey(
+        "ItemSetVersion", null=True, blank=True, related_name="evaluations", on_delete=models.PROTECT
+    )
     limit = models.PositiveIntegerField(default=100)
     items = models.JSONField(default=list)
     status = models.CharField(max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED)
@@ -220,3 +232,94 @@ class EvaluationRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.side} run {self.run_id} on {self.item}"
+
+
+# --- Item sets: the tasks a team trains and evaluates on --------------------------------------------
+
+
+class ItemSet(models.Model):
+    """A named set of evaluation items a team owns: uploaded from a file, or made from logged tasks and
+    reviewers' verdicts. Its items live in numbered versions; the bundled replay benchmark is not a row
+    (training.itemsets.selectors.REPLAY_SET reads it in place)."""
+
+    name = models.SlugField(max_length=80, unique=True)
+    description = models.TextField(blank=True)
+    seed = models.PositiveIntegerField(default=0, help_text="Seeds the split of every item added")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ItemSetVersion(models.Model):
+    """One version of a set's items. Frozen (its content hash and manifest written) the first time a
+    rollout, an evaluation, a dataset, a job or an export reads it: two evaluations on one version
+    compare. Adding to a frozen version makes the next one, its items copied."""
+
+    item_set = models.ForeignKey(ItemSet, related_name="versions", on_delete=models.PROTECT)
+    number = models.PositiveIntegerField()
+    frozen_at = models.DateTimeField(null=True, blank=True)
+    content_hash = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the items' JSON Lines")
+    manifest = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["item_set", "-number"]
+        constraints = [models.UniqueConstraint(fields=["item_set", "number"], name="itemset_version_once")]
+
+    def __str__(self) -> str:
+        return f"{self.item_set.name} v{self.number}"
+
+    @property
+    def frozen(self) -> bool:
+        return self.frozen_at is not None
+
+
+class ItemSplit(models.TextChoices):
+    TRAIN = "train", "train"
+    DEV = "dev", "dev"
+    TEST = "test", "test"
+
+
+class Item(models.Model):
+    """One evaluation item of a version: a task's text, an optional reference and the scorer that reads
+    it, the owner's kind label (the learned policy's kind), a data class, its split, and where it came
+    from. `key` is its id in the set; `<set>/<key>` names it in rollouts, datasets and evaluations."""
+
+    class Origin(models.TextChoices):
+        FILE = "file", "Uploaded file"
+        TASK = "task", "Logged task"
+        REVIEW = "review", "Review verdict"
+
+    version = models.ForeignKey(ItemSetVersion, related_name="items", on_delete=models.PROTECT)
+    key = models.CharField(max_length=80)
+    text = models.TextField()
+    reference = models.TextField(null=True, blank=True)  # noqa: DJ001 - None means "no reference"
+    scorer = models.CharField(max_length=20, default="auto")
+    kind = models.CharField(max_length=40)
+    classification = models.CharField(max_length=20, choices=DataClass.choices, default=DataClass.INTERNAL)
+    split = models.CharField(max_length=10, choices=ItemSplit.choices)
+    origin = models.CharField(max_length=10, choices=Origin.choices)
+    source_task = models.ForeignKey(
+        Task, null=True, blank=True, related_name="set_items", on_delete=models.PROTECT
+    )
+    source_run = models.ForeignKey(Run, null=True, blank=True, related_name="+", on_delete=models.PROTECT)
+    verdict = models.CharField(max_length=10, blank=True, help_text="The reviewer's verdict it was made from")
+    added_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
+    )
+    added_at = models.DateTimeField(auto_now_add=True)
+    purged_at = models.DateTimeField(null=True, blank=True, help_text="Its source task's content was deleted")
+
+    class Meta:
+        ordering = ["version", "key"]
+        constraints = [models.UniqueConstraint(fields=["version", "key"], name="item_key_once")]
+
+    def __str__(self) -> str:
+        return f"{self.version} / {self.key}"

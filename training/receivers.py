@@ -8,8 +8,9 @@ from django.db.models import Exists
 from django.dispatch import receiver
 
 from routing.models import Run, RunStatus, Task
-from routing.signals import run_finished, writes_at_end
+from routing.signals import run_finished, task_purged, writes_at_end
 
+from .itemsets.services import task_items_purge
 from .models import Evaluation, EvaluationRun, Rollout, RolloutBatch
 from .services import evaluation_refresh, rollout_batch_refresh
 
@@ -55,3 +56,9 @@ def settle_batch_or_evaluation(sender: Any, *, run: Run, now: Any, **kwargs: Any
         unfinished = Run.objects.filter(evaluation_run__evaluation=evaluation).exclude(status__in=finished)
         if evaluation and not unfinished.exists():
             evaluation_refresh(evaluation)
+
+
+@receiver(task_purged, sender=Task, dispatch_uid="training.purge_set_items")
+def purge_set_items(sender: Any, *, task: Task, now: Any, actor: Any, **kwargs: Any) -> None:
+    """The items made from a purged task lose its words in the purge's transaction."""
+    task_items_purge(task=task, now=now, actor=actor)

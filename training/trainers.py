@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from routing.secrets import redact
 
 from .engine_reward import EngineReward
 from .frontier import COST_PENALTIES, REFINE, Fit, gate_policy, sweep
+from .itemsets.selectors import REPLAY_SET, SEPARATOR, SetItem, is_replay, resolve, split_ids, with_outcomes
 from .local_base import is_local_base, local_base_export
 from .lora import run_grpo_lora
 from .models import JobStatus, TrainingJob, TrainingMetric
@@ -171,21 +173,54 @@ def jsonl_rows(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _job_items(job: TrainingJob) -> list[replay.ReplayItem]:
-
+def _job_items(job: TrainingJob) -> tuple[list[Any], list[str]]:
+    """What a learned job trains on, with each worker's outcome on every item, and the workers its
+    workflows may use: a dataset's training rows, or a set's split (the version the job froze). The
+    replay files record the benchmark's outcomes; a team's items take theirs from the record (their
+    rollouts: a survey, or any plan whose steps answered alone), as training.itemsets.selectors says."""
     if job.dataset is not None:
-        return replay_items([row["item"] for row in jsonl_rows(dataset_files(job.dataset)["train.jsonl"])])
-    items = replay.read_items(replay.split_path(job.options["split"]))
-    return items[: job.options["limit"]] if job.options.get("limit") else items
+        rows = jsonl_rows(dataset_files(job.dataset)["train.jsonl"])
+        if all(SEPARATOR not in str(row["item"]) for row in rows):
+            items = replay_items([row["item"] for row in rows])
+            return items, sorted(items[0].outcomes) if items else []
+        firsts = list({row["item"]: row for row in rows}.values())
+        tasks = Task.objects.in_bulk([row["task_id"] for row in firsts])
+        own = [_dataset_item(row, tasks[uuid.UUID(str(row["task_id"]))]) for row in firsts]
+        return with_outcomes(own, run_ids=list(job.dataset.source_run_ids))
+    item_set = job.options.get("item_set") or REPLAY_SET
+    if is_replay(item_set):
+        items = replay.read_items(replay.split_path(job.options["split"]))
+        items = items[: job.options["limit"]] if job.options.get("limit") else items
+        return items, sorted(items[0].outcomes) if items else []
+    version = job.options.get("item_set_version")
+    ids = sorted(split_ids(item_set, job.options["split"], version=version))
+    ids = ids[: job.options["limit"]] if job.options.get("limit") else ids
+    return with_outcomes(resolve(item_set, ids, version=version).items)
+
+
+def _dataset_item(row: dict[str, Any], task: Task) -> SetItem:
+    """A team's item as a dataset's row names it, with its training task's words."""
+    return SetItem(
+        id=str(row["item"]),
+        task=task.text,
+        reference=task.reference,
+        domain=task.domain,
+        scorer=task.scorer,
+        classification=task.classification,
+        split="train",
+    )
 
 
 def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
 
-    items = _job_items(job)
-    if not items:
-        raise ValueError("no recorded items to train on")
+    items, workers = _job_items(job)
+    if not items or not workers:
+        raise ValueError(
+            "no items with every worker's answer to train on: a team's items need rollouts first "
+            "(a survey, in which every worker answers each item once)"
+        )
     o = job.options
-    actions = default_actions(sorted(items[0].outcomes))
+    actions = default_actions(workers)
     policy = Policy.for_items(actions, items)
     kinds = ", ".join(f"{k} ({policy.scorers[k]})" for k in policy.kinds) or "none: text only"
     _log(job, f"{len(items)} items, {len(policy.actions)} workflows, {o['epochs']} epochs; kinds: {kinds}")
@@ -229,7 +264,7 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         "fallback": fallback,
         "frontier": policy.frontier,
     }
-    return path, config_out, f"GRPO on {len(items)} recorded items; mean reward {first:.3f} -> {last:.3f}"
+    return path, config_out, f"GRPO on {len(items)} items; mean reward {first:.3f} -> {last:.3f}"
 
 
 def _cross_validate(job: TrainingJob, actions: list[Workflow], items: list[Any], config: GRPOConfig) -> Fit:

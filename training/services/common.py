@@ -7,16 +7,15 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import connection
 
+from accounts.roles import recorded_user
 from audit.services import Actor
-from routing.errors import ServiceError
 from routing.models import RUN_ENDED
 
 from .. import limits
+from ..errors import TrainingError
+from ..limits import MAX_ITEMS as MAX_ITEMS  # re-exported: what the services and forms import
 
 SERVICE = Actor.service("training")  # who training's own work (jobs, settling) is recorded as
-
-MAX_ITEMS = 5000
-
 
 TRAINING_KEY_PREFIX = "training:"  # idempotency keys of training tasks; refused for submissions
 
@@ -41,10 +40,6 @@ QUEUED_RUNS_LOCK_NAMESPACE = 0x51756575  # "Queu": one start of offline runs per
 FINISHED_RUN = RUN_ENDED  # the runs a rollout, dataset or evaluation counts as done
 
 
-class TrainingError(ServiceError):
-    """The request cannot be carried out; the message says why."""
-
-
 def check_or_refuse(check: Any, *args: Any) -> Any:
     """Run a check of routing.limits / training.limits; its refusal becomes a TrainingError."""
     try:
@@ -66,4 +61,4 @@ def queued_runs_guard(user: Any, runs: int) -> None:
 
 
 def user_of(user: Any) -> Any:
-    return user if getattr(user, "is_authenticated", False) else None
+    return recorded_user(user)

@@ -13,11 +13,11 @@ from django.utils import timezone
 
 from audit.actions import Action
 from audit.services import Actor, event_record
-from routing import replay
 from routing.models import ConductorVersion, Decision, Run, RunStatus
 from routing.services import conductor_active
 
 from .. import limits
+from ..itemsets.selectors import REPLAY_SET, Resolved, resolve, split_ids
 from ..models import Evaluation, EvaluationRun, JobStatus
 from .adapters import adapter_load
 from .common import (
@@ -29,12 +29,12 @@ from .common import (
     queued_runs_guard,
     user_of,
 )
-from .items import item_task, offline_runs, replay_item_ids, replay_items
+from .items import item_task, offline_runs, version_in_use
 
 
 def _evaluation_checked(
-    candidate: ConductorVersion, baseline: ConductorVersion | None, split: str, limit: int
-) -> tuple[ConductorVersion, list[replay.ReplayItem]]:
+    candidate: ConductorVersion, baseline: ConductorVersion | None, split: str, limit: int, item_set: str
+) -> tuple[ConductorVersion, Resolved]:
 
     baseline = baseline or conductor_active()
     if baseline.pk == candidate.pk:
@@ -42,9 +42,9 @@ def _evaluation_checked(
     if not 1 <= limit <= MAX_ITEMS:
         raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
     check_or_refuse(limits.evaluation_runs_check, limit)
-    ids = replay_item_ids(split)
+    ids = split_ids(item_set, split)
     check_or_refuse(limits.evaluation_limit_check, split, len(ids), limit)  # refused, never capped
-    return baseline, replay_items(ids[:limit])
+    return baseline, resolve(item_set, ids[:limit])
 
 
 def evaluation_estimate(
@@ -54,9 +54,11 @@ def evaluation_estimate(
     split: str = "dev",
     limit: int = 100,
     user: Any = None,
+    item_set: str = REPLAY_SET,
 ) -> limits.Estimate:
     """What evaluation_start would start (runs, estimated cost), checked as it checks; starts nothing."""
-    baseline, found = _evaluation_checked(candidate, baseline, split, limit)
+    baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
+    found = resolved.items
     check_or_refuse(limits.queued_runs_check, user, len(found) * limits.EVALUATION_SIDES)
     return limits.estimate([(candidate, len(found)), (baseline, len(found))])
 
@@ -69,19 +71,25 @@ def evaluation_start(
     limit: int = 100,
     actor: Actor,
     user: Any = None,
+    item_set: str = REPLAY_SET,
 ) -> Evaluation:
-    """Run the candidate and the baseline (the active version by default) on the same held-out items.
-    Refused (nothing written) above training.limits' runs per request or the user's queued runs, or
-    when `limit` is more than the split's items."""
-    baseline, found = _evaluation_checked(candidate, baseline, split, limit)
+    """Run the candidate and the baseline (the active version by default) on the same held-out items of
+    `item_set`'s split (its latest version, frozen by this). Refused (nothing written) above
+    training.limits' runs per request or the user's queued runs, or when `limit` is more than the
+    split's items."""
+    baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
+    found = resolved.items
     for version in (candidate, baseline):  # a trained adapter is served before a run asks it to plan
         adapter_load(version)
     with transaction.atomic():
         queued_runs_guard(user, len(found) * limits.EVALUATION_SIDES)
+        set_version = version_in_use(resolved, actor, why="evaluation")
         evaluation = Evaluation.objects.create(
             candidate=candidate,
             baseline=baseline,
             split=split,
+            item_set=resolved.item_set,
+            item_set_version=set_version,
             limit=limit,
             items=[i.id for i in found],
             status=JobStatus.RUNNING,
@@ -90,7 +98,13 @@ def evaluation_start(
         sides = (("candidate", candidate), ("baseline", baseline))
         tasks = [(item, item_task(item, actor)) for item in found]
         runs = iter(
-            offline_runs([(task, version) for _, task in tasks for _, version in sides], Run.Kind.EVALUATION)
+            offline_runs(
+                [
+                    Run(task=task, conductor_version=version, kind=Run.Kind.EVALUATION)
+                    for _, task in tasks
+                    for _, version in sides
+                ]
+            )
         )
         EvaluationRun.objects.bulk_create(
             [
@@ -108,6 +122,9 @@ def evaluation_start(
                 "baseline": baseline.name,
                 "split": split,
                 "items": len(found),
+                "item_set": resolved.item_set,
+                "item_set_version": set_version.number if set_version else None,
+                "content_hash": set_version.content_hash if set_version else None,
             },
         )
     return evaluation

@@ -1,8 +1,8 @@
-"""Recorded items (the replay data) and the tasks and offline runs that stand for them."""
+"""Items (a team's sets and the bundled replay data) and the tasks and offline runs that stand for them."""
 
 from __future__ import annotations
 
-import random
+import json
 from typing import Any
 
 from django.conf import settings
@@ -12,57 +12,46 @@ from audit.actions import Action
 from audit.services import Actor, event_record
 from routing import replay
 from routing.hashing import content_hash
-from routing.models import ConductorVersion, DataClass, Run, RunStatus, Task
+from routing.models import Run, RunStatus, Task
 from routing.services import run_enqueue
 
-from .common import MAX_ITEMS, TRAINING_KEY_PREFIX, TrainingError
+from ..itemsets.selectors import REPLAY_SET, Resolved, classification_of, resolve, split_ids, task_scorer
+from ..itemsets.services import version_freeze
+from ..models import ItemSetVersion
+from .common import TRAINING_KEY_PREFIX
 
 
 def replay_item_ids(split: str, limit: int | None = None, domain: str = "") -> list[str]:
     """Recorded items of a split, in a fixed shuffled order (domains mixed), optionally of one domain."""
-    try:
-        items = replay.read_items(replay.split_path(split))
-    except replay.ReplayDataError as exc:
-        raise TrainingError(str(exc)) from exc
-    ids = [item.id for item in items if not domain or item.domain == domain]
-    if not ids:
-        raise TrainingError(f"no items in the {split} split" + (" for this domain" if domain else ""))
-    random.Random(0).shuffle(ids)
-    return ids[:limit] if limit else ids
+    return split_ids(REPLAY_SET, split, limit, domain)
 
 
 def replay_items(item_ids: list[str]) -> list[replay.ReplayItem]:
-    if not item_ids:
-        raise TrainingError("choose at least one item")
-    if len(item_ids) > MAX_ITEMS:
-        raise TrainingError(f"{len(item_ids)} items; at most {MAX_ITEMS} at once")
-    found: list[replay.ReplayItem] = []
-    missing: list[Any] = []
-    for item_id in dict.fromkeys(item_ids):
-        try:
-            item = replay.find_item(item_id=item_id, texts=[])
-        except replay.ReplayDataError as exc:
-            raise TrainingError(str(exc)) from exc
-        if item is not None and item.id == item_id:
-            found.append(item)
-        else:
-            missing.append(item or item_id)
-    if missing:
-        raise TrainingError(f"unknown items: {', '.join(map(str, missing[:5]))}")
-    return found
+    return resolve(REPLAY_SET, item_ids).items
 
 
-def item_task(item: replay.ReplayItem, actor: Actor) -> Task:
-    """The task that stands for a recorded item in rollouts and evaluations (one per item)."""
+def _task_key(item: Any) -> str:
+    """The idempotency key of an item's task: its id, and for a team's item a hash of what it holds
+    (a later version with other words for the same key is another task)."""
+    if isinstance(item, replay.ReplayItem):
+        return f"{TRAINING_KEY_PREFIX}{item.id}"
+    held = json.dumps([item.task, item.reference, item.scorer, item.domain, item.classification])
+    return f"{TRAINING_KEY_PREFIX}{item.id}@{content_hash(held)[:16]}"
+
+
+def item_task(item: Any, actor: Actor) -> Task:
+    """The task that stands for an item (a recorded one, or a team's) in rollouts and evaluations (one
+    per item): its text, reference, kind, scorer and data class, so that its policy holds."""
     task, created = Task.objects.get_or_create(
-        idempotency_key=f"{TRAINING_KEY_PREFIX}{item.id}",
+        idempotency_key=_task_key(item),
         source=Task.Source.TRAINING,
         defaults={
             "text": item.task,
             "reference": item.reference,
             "domain": item.domain,
+            "scorer": task_scorer(getattr(item, "scorer", "auto")),
             "source_item": item.id,
-            "classification": DataClass.PUBLIC,
+            "classification": classification_of(item),
             "max_steps": settings.CONDUCTOR_DEFAULT_MAX_STEPS,
             "max_depth": settings.CONDUCTOR_DEFAULT_MAX_DEPTH,
             "max_usd": settings.CONDUCTOR_DEFAULT_MAX_USD,
@@ -87,16 +76,21 @@ def item_task(item: replay.ReplayItem, actor: Actor) -> Task:
     return task
 
 
-def offline_runs(specs: list[tuple[Task, ConductorVersion]], kind: str, **fields: Any) -> list[Run]:
-    """Runs of a training kind, inserted at once and queued when the transaction commits."""
-    runs = Run.objects.bulk_create(
-        [Run(task=task, conductor_version=version, kind=kind, **fields) for task, version in specs]
-    )
-    ids = [run.pk for run in runs]
+def offline_runs(runs: list[Run]) -> list[Run]:
+    """Runs of a training kind (unsaved), inserted at once and queued when the transaction commits."""
+    created = Run.objects.bulk_create(runs)
+    ids = [run.pk for run in created]
 
     def enqueue() -> None:
         for run_id in ids:
             run_enqueue(run_id=run_id)
 
     transaction.on_commit(enqueue)
-    return runs
+    return created
+
+
+def version_in_use(resolved: Resolved, actor: Actor, *, why: str) -> ItemSetVersion | None:
+    """The set's version the request read, frozen before anything uses it (None: the replay set)."""
+    if resolved.version is None:
+        return None
+    return version_freeze(version=resolved.version, actor=actor, why=why)

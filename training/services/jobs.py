@@ -19,13 +19,16 @@ from routing.limits import name_check
 from routing.models import ConductorVersion
 
 from .. import limits
+from ..itemsets.selectors import REPLAY_SET, is_replay, latest_version, split_ids
+from ..itemsets.services import version_freeze
 from ..local_base import is_local_base, local_base_available
 from ..models import Dataset, JobStatus, TrainingJob
 from ..rewards import parse_bool
 from .common import TrainingError, check_or_refuse, user_of
-from .items import replay_item_ids
 
 LEARNED_DEFAULTS = {
+    "item_set": REPLAY_SET,  # without a dataset: the set and split it trains on
+    "item_set_version": None,  # set by job_start: the version it froze
     "split": "train",
     "limit": None,
     "epochs": 40,
@@ -107,7 +110,7 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         except ValueError as exc:
             raise TrainingError(f"frontier must be true or false, not {merged['frontier']!r}") from exc
         if dataset is None:
-            replay_item_ids(merged["split"], 1)  # the split must exist
+            split_ids(str(merged["item_set"]), merged["split"], 1)  # the split must exist
         return merged
     if backend == TrainingJob.Backend.LLM_LORA:
         merged = {**LORA_DEFAULTS, **{k: v for k, v in options.items() if v not in (None, "")}}
@@ -163,6 +166,16 @@ def job_start(
     checked = job_options(backend, options, dataset)
     try:
         with transaction.atomic():
+            if (
+                backend == TrainingJob.Backend.LEARNED
+                and dataset is None
+                and not is_replay(checked["item_set"])
+            ):
+                # The job reads the frozen version it started on, whatever is added to the set meanwhile.
+                used = version_freeze(
+                    version=latest_version(checked["item_set"]), actor=actor, why=f"job {name}"
+                )
+                checked["item_set_version"] = used.number
             job = TrainingJob.objects.create(
                 name=name, backend=backend, dataset=dataset, options=checked, created_by=user_of(user)
             )

@@ -1,17 +1,21 @@
-"""Rollouts: K sampled runs per item from a conductor version, as a batch."""
+"""Rollouts: K sampled runs per item from a conductor version, as a batch; or a survey, in which every
+worker the item's policy allows answers it once (what a learned policy learns its workflows from on a
+team's own items, as the replay files record it for the benchmark)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import transaction
 
 from audit.actions import Action
 from audit.services import Actor, event_record
-from routing import replay
-from routing.models import ConductorVersion, Run, RunStatus
+from routing.engine.planning import screened_workers
+from routing.models import ConductorVersion, Run, RunStatus, Task
 
 from .. import limits
+from ..itemsets.selectors import REPLAY_SET, Resolved, resolve
 from ..models import JobStatus, Rollout, RolloutBatch
 from .common import (
     FINISHED_RUN,
@@ -23,56 +27,97 @@ from .common import (
     queued_runs_guard,
     user_of,
 )
-from .items import item_task, offline_runs, replay_items
+from .items import item_task, offline_runs, version_in_use
 
 
-def _rollouts_checked(items: list[str], k: int, temperature: float) -> list[replay.ReplayItem]:
+def _rollouts_checked(item_set: str, items: list[str], k: int, temperature: float) -> Resolved:
     if not 1 <= k <= MAX_K:
         raise TrainingError(f"K must be between 1 and {MAX_K}")
     if not 0 < temperature <= MAX_TEMPERATURE:
         raise TrainingError(f"the temperature must be above 0 and at most {MAX_TEMPERATURE:g}")
     check_or_refuse(limits.rollout_runs_check, len(dict.fromkeys(items)), k)  # before reading the items
-    return replay_items(items)
+    return resolve(item_set, items)
+
+
+def survey_plan(worker: str, text: str) -> str:
+    """A survey's plan: one worker answers the task as it is."""
+    return json.dumps(
+        {
+            "thought": f"survey: {worker} answers the item",
+            "steps": [{"worker": worker, "instruction": text, "access": []}],
+        }
+    )
 
 
 def rollouts_estimate(
-    *, version: ConductorVersion, items: list[str], k: int, temperature: float, user: Any = None
+    *,
+    version: ConductorVersion,
+    items: list[str],
+    k: int,
+    temperature: float,
+    user: Any = None,
+    item_set: str = REPLAY_SET,
 ) -> limits.Estimate:
     """What rollouts_start would start (runs, estimated cost), checked as it checks; starts nothing."""
-    runs = len(_rollouts_checked(items, k, temperature)) * k
+    runs = len(_rollouts_checked(item_set, items, k, temperature).items) * k
     check_or_refuse(limits.queued_runs_check, user, runs)
     return limits.estimate([(version, runs)])
 
 
 def rollouts_start(
-    *, version: ConductorVersion, items: list[str], k: int, temperature: float, actor: Actor, user: Any = None
+    *,
+    version: ConductorVersion,
+    items: list[str],
+    k: int,
+    temperature: float,
+    actor: Actor,
+    user: Any = None,
+    item_set: str = REPLAY_SET,
+    survey: bool = False,
 ) -> RolloutBatch:
-    """Sample K workflows per item from `version` at `temperature`; each runs through the engine.
+    """Sample K workflows per item of `item_set` from `version` at `temperature`; each runs through the
+    engine. `survey`: instead, each worker the item's policy allows answers it once (K is ignored).
     Refused (nothing written) above training.limits' runs per request or the user's queued runs."""
-    found = _rollouts_checked(items, k, temperature)
+    resolved = _rollouts_checked(item_set, items, 1 if survey else k, temperature)
+    found = resolved.items
     with transaction.atomic():
-        queued_runs_guard(user, len(found) * k)
+        set_version = version_in_use(resolved, actor, why="rollouts")
+        tasks = [(item, item_task(item, actor)) for item in found]
+        samples = (
+            _survey_samples(tasks)
+            if survey
+            else [(item, task, s, "") for item, task in tasks for s in range(k)]
+        )
+        if not samples:
+            raise TrainingError("no worker may answer these items under their data policies")
+        queued_runs_guard(user, len(samples))
         batch = RolloutBatch.objects.create(
             conductor_version=version,
-            k=k,
+            k=max((s + 1 for *_, s, _ in samples), default=0) if survey else k,
             temperature=temperature,
             items=[i.id for i in found],
+            item_set=resolved.item_set,
+            item_set_version=set_version,
+            survey=survey,
             status=JobStatus.RUNNING,
             created_by=user_of(user),
         )
-        tasks = [(item, item_task(item, actor)) for item in found]
-        runs = iter(
-            offline_runs(
-                [(task, version) for _, task in tasks for _ in range(k)],
-                Run.Kind.ROLLOUT,
-                temperature=temperature,
-            )
+        runs = offline_runs(
+            [
+                Run(
+                    task=task,
+                    conductor_version=version,
+                    kind=Run.Kind.ROLLOUT,
+                    temperature=temperature,
+                    plan_override=plan,
+                )
+                for _, task, _, plan in samples
+            ]
         )
         Rollout.objects.bulk_create(
             [
-                Rollout(batch=batch, task=task, run=next(runs), item=item.id, sample=sample)
-                for item, task in tasks
-                for sample in range(k)
+                Rollout(batch=batch, task=task, run=run, item=item.id, sample=sample)
+                for (item, task, sample, _), run in zip(samples, runs, strict=True)
             ]
         )
         event_record(
@@ -81,13 +126,26 @@ def rollouts_start(
             obj=batch,
             payload={
                 "conductor": version.name,
-                "k": k,
+                "k": batch.k,
                 "temperature": temperature,
                 "items": len(found),
-                "runs": len(found) * k,
+                "runs": len(samples),
+                "item_set": resolved.item_set,
+                "item_set_version": set_version.number if set_version else None,
+                "content_hash": set_version.content_hash if set_version else None,
+                "survey": survey,
             },
         )
     return batch
+
+
+def _survey_samples(tasks: list[tuple[Any, Task]]) -> list[tuple[Any, Task, int, str]]:
+    """Each item's task once per worker its policies allow (sample = the worker's place, by slug)."""
+    samples = []
+    for item, task in tasks:
+        workers, _withheld = screened_workers(task)
+        samples += [(item, task, n, survey_plan(w.slug, task.text)) for n, w in enumerate(workers)]
+    return samples
 
 
 def rollout_batch_counts(batch: RolloutBatch) -> dict[str, int]:
