@@ -292,6 +292,7 @@ def dossier_context(task: Task) -> dict[str, Any]:
         "runs": runs,
         "exposure": task_exposure(task, runs),
         "events": list(task_events(task)),
+        "item_sets": list(task_events(task).filter(action=Action.TASK_ADDED_TO_ITEMSET)),
         "views": task_views(task),
         "proof": report,
         "checkpoint": checkpoint_reference(),

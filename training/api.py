@@ -25,6 +25,7 @@ from routing.models import ConductorVersion
 from routing.services import conductor_active
 
 from . import limits, services
+from .itemsets.selectors import split_ids
 from .models import FINISHED, Dataset, Evaluation, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
 from .serializers import (
@@ -191,10 +192,10 @@ class DatasetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
 
 
 class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewSet):
-    """Rollout batches: K sampled workflows per replay item, each run through the engine."""
+    """Rollout batches: K sampled workflows per item of a set (or a survey of the workers), each run through the engine."""
 
     def get_queryset(self):
-        return RolloutBatch.objects.select_related("conductor_version", "created_by")
+        return RolloutBatch.objects.select_related("conductor_version", "created_by", "item_set_version")
 
     def get_serializer_class(self):
         return RolloutBatchOutput if self.action == "list" else RolloutBatchDetailOutput
@@ -210,7 +211,7 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
         request=RolloutsStartInput,
         responses={201: RolloutBatchDetailOutput, 200: EstimateOutput, 400: REFUSED},
         description="Sample K workflows per item from a conductor version: the items given, or the first "
-        "`limit` items of a replay split (of one domain, if given). Refused above "
+        "`limit` items of a set's split (of one kind, if given); `survey`: every allowed worker answers each item once. Refused above "
         f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x K) per request, or when it would take your queued "
         "offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their estimated "
         "cost (200), nothing started.",
@@ -222,24 +223,22 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
         if "items" in values:
             items = values["items"]
         else:
-            items = services.replay_item_ids(values["split"], limit=values["limit"], domain=values["domain"])
-        if values["dry_run"]:
-            return _estimate(
-                services.rollouts_estimate(
-                    version=values["version"],
-                    items=items,
-                    k=values["k"],
-                    temperature=values["temperature"],
-                    user=request.user,
-                )
+            items = split_ids(
+                values["item_set"], values["split"], limit=values["limit"], kind=values["domain"]
             )
+        asked = {
+            "version": values["version"],
+            "items": items,
+            "k": values["k"],
+            "temperature": values["temperature"],
+            "item_set": values["item_set"],
+            "survey": values["survey"],
+            "user": request.user,
+        }
+        if values["dry_run"]:
+            return _estimate(services.rollouts_estimate(**asked))
         batch = services.rollouts_start(
-            version=values["version"],
-            items=items,
-            k=values["k"],
-            temperature=values["temperature"],
-            actor=_actor(request),
-            user=request.user,
+            **asked, actor=_actor(request), shown_usd=values["shown_usd"], max_usd=values["max_usd"]
         )
         return self._detail(self.get_queryset().get(pk=batch.pk), status=status.HTTP_201_CREATED)
 
@@ -250,7 +249,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
     serializer_class = EvaluationOutput
 
     def get_queryset(self):
-        return Evaluation.objects.select_related("candidate", "baseline", "created_by")
+        return Evaluation.objects.select_related("candidate", "baseline", "created_by", "item_set_version")
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         evaluation = self.get_object()
@@ -262,7 +261,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
         request=EvaluationStartInput,
         responses={201: EvaluationOutput, 200: EstimateOutput, 400: REFUSED},
         description="Run the candidate and the baseline (the active conductor by default) on the first "
-        "`limit` items of a replay split: a limit above the split's items is refused, as are more than "
+        "`limit` items of a set's split (`item_set`; the bundled `replay` by default): a limit above the split's items is refused, as are more than "
         f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x 2) per request and a start that would take your "
         "queued offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their "
         "estimated cost (200), nothing started.",
@@ -278,6 +277,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
                     baseline=values["baseline"],
                     split=values["split"],
                     limit=values["limit"],
+                    item_set=values["item_set"],
                     user=request.user,
                 )
             )
@@ -286,6 +286,9 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
             baseline=values["baseline"],
             split=values["split"],
             limit=values["limit"],
+            item_set=values["item_set"],
+            shown_usd=values["shown_usd"],
+            max_usd=values["max_usd"],
             actor=_actor(request),
             user=request.user,
         )

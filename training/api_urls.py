@@ -3,6 +3,7 @@
 from rest_framework import routers
 
 from .api import READERS, ConductorViewSet, DatasetViewSet, EvaluationViewSet, JobViewSet, RolloutBatchViewSet
+from .itemsets.api import ItemSetViewSet
 
 app_name = "training-api"
 
@@ -23,5 +24,6 @@ router.register("datasets", DatasetViewSet, basename="dataset")
 router.register("rollouts", RolloutBatchViewSet, basename="rollout")
 router.register("evaluations", EvaluationViewSet, basename="evaluation")
 router.register("conductors", ConductorViewSet, basename="conductor")
+router.register("itemsets", ItemSetViewSet, basename="itemset")
 
 urlpatterns = router.urls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -11,6 +12,7 @@ from routing.limits import NAME_MAX_CHARS, NAME_RULE, name_check
 from routing.models import ConductorVersion
 
 from . import limits
+from .itemsets.selectors import REPLAY_SET, set_names
 from .local_base import local_base_available, local_base_dir
 from .models import Dataset, RolloutBatch, TrainingJob
 from .services import (
@@ -24,7 +26,26 @@ from .services import (
     ROLLOUT_DEFAULTS,
 )
 
-SPLITS = [("train", "train"), ("dev", "dev")]
+SPLITS = [("train", "train"), ("dev", "dev"), ("test", "test")]
+
+
+def item_set_field(**kwargs: Any) -> forms.ChoiceField:
+    """The item sets a form offers: the team's, then the bundled replay benchmark (read when the form
+    is made, so a set uploaded a moment ago is there)."""
+    return forms.ChoiceField(
+        choices=lambda: [
+            (name, name if name != REPLAY_SET else f"{name} (the bundled benchmark)") for name in set_names()
+        ],
+        initial=REPLAY_SET,
+        label="Item set",
+        **kwargs,
+    )
+
+
+def money_field(**kwargs: Any) -> forms.DecimalField:
+    return forms.DecimalField(
+        min_value=Decimal("0"), max_digits=20, decimal_places=6, required=False, **kwargs
+    )
 
 
 def default_base_model_path() -> str:
@@ -83,7 +104,8 @@ class JobStartForm(forms.Form):
         required=False,
         empty_label="— none: train on a replay split —",
     )
-    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
+    item_set = item_set_field(help_text="Without a dataset: the set it trains on")
+    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Split")
     limit = _bounded(LEARNED_LIMITS, {}, "limit", required=False, help_text="First N items only (empty: all)")
     # The learned policy (GRPO on the CPU); bounds and defaults are the service's
     epochs = _bounded(LEARNED_LIMITS, LEARNED_DEFAULTS, "epochs")
@@ -109,7 +131,15 @@ class JobStartForm(forms.Form):
     lora_learning_rate = _bounded(LORA_LIMITS, LORA_DEFAULTS, "learning_rate", label="Learning rate")
     lora_r = _bounded(LORA_LIMITS, LORA_DEFAULTS, "lora_r", label="LoRA rank r")
 
-    LEARNED_FIELDS = ("split", "limit", "epochs", "learning_rate", "group_size", "cost_penalty_per_usd")
+    LEARNED_FIELDS = (
+        "item_set",
+        "split",
+        "limit",
+        "epochs",
+        "learning_rate",
+        "group_size",
+        "cost_penalty_per_usd",
+    )
     LORA_FIELDS = (
         "base_model_path",
         "max_steps",
@@ -154,6 +184,7 @@ class JobStartForm(forms.Form):
         data = self.cleaned_data
         if data["backend"] == TrainingJob.Backend.LEARNED:
             return {
+                "item_set": data["item_set"],
                 "split": data["split"],
                 "limit": data.get("limit"),
                 "epochs": data["epochs"],
@@ -173,13 +204,22 @@ class JobStartForm(forms.Form):
 
 
 class RolloutsForm(forms.Form):
-    """Sample K workflows per replay item from a conductor version (the GRPO groups)."""
+    """Sample K workflows per item of a set from a conductor version (the GRPO groups), or survey the
+    workers (each answers every item once: what the learned policy learns from on a team's items)."""
 
     prefix = "rollouts"
 
     version = VersionChoiceField(queryset=ConductorVersion.objects.order_by("-created_at"), label="Version")
-    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Replay split")
-    domain = forms.CharField(max_length=40, required=False, help_text="Only this domain (empty: all)")
+    item_set = item_set_field()
+    split = forms.ChoiceField(choices=SPLITS, initial="train", label="Split")
+    domain = forms.CharField(
+        max_length=40, required=False, label="Kind", help_text="Only this kind (empty: all)"
+    )
+    survey = forms.BooleanField(
+        required=False,
+        label="Survey the workers",
+        help_text="Every worker the items' policies allow answers each item once (K and the version are not used)",
+    )
     limit = forms.IntegerField(
         min_value=1, max_value=MAX_ITEMS, initial=ROLLOUT_DEFAULTS["limit"], help_text="Items"
     )
@@ -192,6 +232,10 @@ class RolloutsForm(forms.Form):
         initial=ROLLOUT_DEFAULTS["temperature"],
         help_text="A trained policy is near-greedy at 1: its samples would all be one workflow",
     )
+    max_usd = money_field(
+        label="Budget (USD)", help_text="Refused if the estimate is above it (empty: no budget)"
+    )
+    shown_usd = money_field(widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -255,8 +299,11 @@ class EvaluateForm(forms.Form):
     """Evaluate a candidate against a baseline (the active version unless another is chosen, such as
     the base model a candidate was trained from) on held-out items."""
 
+    item_set = item_set_field()
     split = forms.ChoiceField(choices=SPLITS, initial="dev")
     limit = forms.IntegerField(min_value=1, max_value=10_000, initial=100)
+    max_usd = money_field(label="Budget (USD)")
+    shown_usd = money_field(widget=forms.HiddenInput)
     baseline = VersionChoiceField(
         queryset=ConductorVersion.objects.order_by("-created_at"), required=False, label="Baseline"
     )

@@ -141,3 +141,22 @@ def estimate(parts: list[tuple[ConductorVersion, int]]) -> Estimate:
     if unknown:
         return Estimate(runs=runs, usd=None, basis="no finished runs to estimate from")
     return Estimate(runs=runs, usd=total.quantize(USD_PLACES), basis="; ".join(bases))
+
+
+def estimate_check(found: Estimate, shown: Decimal | None = None, budget: Decimal | None = None) -> None:
+    """A start against what was shown and what may be spent: refused when the estimate changed since
+    the preview showed `shown` (finished runs moved the mean: preview again), or when it is above the
+    `budget` the user gave (an estimate that cannot be made is refused under a budget too)."""
+    if shown is not None and found.usd != shown:
+        now = "cannot be estimated now" if found.usd is None else f"is now ${found.usd}"
+        raise ValidationError(
+            f"The estimate shown was ${shown}; it {now}. Nothing was started: preview again.",
+            code="estimate_changed",
+        )
+    if budget is not None and (found.usd is None or found.usd > budget):
+        said = "cannot be estimated" if found.usd is None else f"is about ${found.usd}"
+        raise ValidationError(
+            f"This would start {found.runs:,} runs, which {said}: above the budget of ${budget}. "
+            "Nothing was started.",
+            code="over_budget",
+        )

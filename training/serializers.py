@@ -141,13 +141,36 @@ class DatasetBuildInput(serializers.Serializer):
         return value or None
 
 
+ITEM_SET = serializers.CharField(
+    required=False,
+    default="replay",
+    max_length=80,
+    help_text="The item set: one of yours, or `replay` (the bundled benchmark)",
+)
+BUDGET = serializers.DecimalField(
+    required=False, allow_null=True, default=None, max_digits=20, decimal_places=6, min_value=0,
+    help_text="Refused (nothing started) when the estimate is above it",
+)  # fmt: skip
+SHOWN = serializers.DecimalField(
+    required=False, allow_null=True, default=None, max_digits=20, decimal_places=6, min_value=0,
+    help_text="The estimate a dry run gave: refused (nothing started) if it changed since",
+)  # fmt: skip
+
+
 class RolloutsStartInput(serializers.Serializer):
     version = VersionField(help_text="The conductor version to sample from")
     items = serializers.ListField(
         child=serializers.CharField(max_length=200),
         required=False,
-        help_text="Replay item ids; or leave out and give split (+ limit, domain)",
+        help_text="Item ids (`<set>/<key>` for a team's set, the recorded id for the replay set); or leave "
+        "out and give split (+ limit, domain)",
     )
+    item_set = ITEM_SET
+    survey = serializers.BooleanField(
+        required=False, default=False, help_text="Every allowed worker answers each item once (K is not used)"
+    )
+    max_usd = BUDGET
+    shown_usd = SHOWN
     split = serializers.CharField(required=False, default="train", max_length=40)
     limit = serializers.IntegerField(
         required=False, default=services.ROLLOUT_DEFAULTS["limit"], min_value=1, max_value=services.MAX_ITEMS
@@ -174,6 +197,9 @@ class EvaluationStartInput(serializers.Serializer):
     baseline = VersionField(
         required=False, allow_null=True, default=None, help_text="The active conductor when left out"
     )
+    item_set = ITEM_SET
+    max_usd = BUDGET
+    shown_usd = SHOWN
     split = serializers.CharField(required=False, default="dev", max_length=40)
     limit = serializers.IntegerField(
         required=False, default=100, help_text="Items; at most the split's (refused above it, not capped)"
@@ -340,12 +366,18 @@ class RolloutCountsOutput(serializers.Serializer):
 
 class RolloutBatchOutput(serializers.ModelSerializer):
     conductor = serializers.CharField(source="conductor_version.name")
+    item_set_version = serializers.IntegerField(
+        source="item_set_version.number", allow_null=True, read_only=True, help_text="null: the replay set"
+    )
     status = TrainingStatusField()
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = RolloutBatch
-        fields = ["id", "conductor", "k", "temperature", "items", "status", "created_by", "created_at"]
+        fields = [
+            "id", "conductor", "item_set", "item_set_version", "survey", "k", "temperature", "items", "status",
+            "created_by", "created_at",
+        ]  # fmt: skip
 
 
 class RolloutBatchDetailOutput(RolloutBatchOutput):
@@ -361,6 +393,9 @@ class RolloutBatchDetailOutput(RolloutBatchOutput):
 
 class EvaluationOutput(serializers.ModelSerializer):
     candidate = serializers.CharField(source="candidate.name")
+    item_set_version = serializers.IntegerField(
+        source="item_set_version.number", allow_null=True, read_only=True, help_text="null: the replay set"
+    )
     baseline = serializers.CharField(source="baseline.name")
     status = TrainingStatusField()
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
@@ -377,6 +412,8 @@ class EvaluationOutput(serializers.ModelSerializer):
             "id",
             "candidate",
             "baseline",
+            "item_set",
+            "item_set_version",
             "split",
             "limit",
             "items",

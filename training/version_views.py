@@ -115,6 +115,7 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
                 baseline=form.cleaned_data["baseline"],
                 split=form.cleaned_data["split"],
                 limit=form.cleaned_data["limit"],
+                item_set=form.cleaned_data["item_set"],
                 user=request.user,
             )
         except ServiceError as exc:
@@ -128,6 +129,9 @@ def version_evaluate(request: HttpRequest, version_id: int) -> HttpResponse:
             baseline=form.cleaned_data["baseline"],
             split=form.cleaned_data["split"],
             limit=form.cleaned_data["limit"],
+            item_set=form.cleaned_data["item_set"],
+            shown_usd=form.cleaned_data["shown_usd"],
+            max_usd=form.cleaned_data["max_usd"],
             actor=actor_of(request),
             user=request.user,
         )

@@ -33,6 +33,7 @@ from utilities import params
 
 from . import limits, page_state, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
+from .itemsets.selectors import split_ids
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
 from .services.evaluations import BOOTSTRAP_RESAMPLES
@@ -348,23 +349,23 @@ def rollouts_start(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            items = services.replay_item_ids(data["split"], limit=data["limit"], domain=data["domain"])
+            items = split_ids(data["item_set"], data["split"], limit=data["limit"], kind=data["domain"])
+            asked = {
+                "version": data["version"],
+                "items": items,
+                "k": data["k"],
+                "temperature": data["temperature"],
+                "item_set": data["item_set"],
+                "survey": data["survey"],
+                "user": request.user,
+            }
             if "preview" in request.POST:
-                estimate = services.rollouts_estimate(
-                    version=data["version"],
-                    items=items,
-                    k=data["k"],
-                    temperature=data["temperature"],
-                    user=request.user,
-                )
+                estimate = services.rollouts_estimate(**asked)
+                form = RolloutsForm(request.POST.copy())
+                form.data[f"{form.prefix}-shown_usd"] = "" if estimate.usd is None else str(estimate.usd)
                 return home_page(request, rollouts_form=form, rollouts_preview=estimate)
             batch = services.rollouts_start(
-                version=data["version"],
-                items=items,
-                k=data["k"],
-                temperature=data["temperature"],
-                actor=actor_of(request),
-                user=request.user,
+                **asked, actor=actor_of(request), shown_usd=data["shown_usd"], max_usd=data["max_usd"]
             )
         except ServiceError as exc:
             form.add_error(None, str(exc))

@@ -22,6 +22,7 @@ from routing.limits import DOMAIN_MAX_CHARS, text_length_check
 from routing.models import DataClass
 from routing.scoring.scorers import SCORER_CHOICES, SCORERS, check_pattern, scorer_name
 
+from ..errors import TrainingError
 from ..models import ItemSplit
 
 COLUMNS = ("id", "text", "reference", "scorer", "kind", "data_class", "split")
@@ -54,7 +55,7 @@ class ItemRow:
     split: str  # "" to be assigned
 
 
-class FileRefused(ValueError):
+class FileRefused(TrainingError):
     """The file cannot be imported; `errors` lists (line, reason), line 0 for the file as a whole."""
 
     def __init__(self, errors: list[tuple[int, str]]):
@@ -89,7 +90,12 @@ def read_file(content: bytes, filename: str = "") -> list[ItemRow]:
         raise FileRefused(
             [(line, f"not UTF-8 (byte {content[exc.start]:#04x}); save the file as UTF-8")]
         ) from exc
-    is_csv = filename.lower().endswith(".csv") or not text.lstrip().startswith("{")
+    if not text.strip():
+        raise FileRefused([(0, "the file has no items")])
+    name = filename.lower()
+    is_csv = name.endswith(".csv") or (
+        not name.endswith((".jsonl", ".json", ".ndjson")) and not text.lstrip().startswith("{")
+    )
     raw = list(_csv_rows(text) if is_csv else _jsonl_rows(text))
     errors = [(line, row) for line, row in raw if isinstance(row, str)]
     rows: list[ItemRow] = []

@@ -14,13 +14,19 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import Exists, OuterRef, Q
+from django.http import QueryDict
+
 from routing import replay
-from routing.models import DataClass, Run, RunStatus, Step, StepStatus, Task
+from routing.filters import TaskFilter
+from routing.models import Annotation, DataClass, RunStatus, SavedView, Step, StepStatus, Task
 from routing.scoring.scorers import score
+from routing.selectors import task_list
 
 from ..errors import TrainingError
 from ..limits import MAX_ITEMS
 from ..models import Item, ItemSet, ItemSetVersion, ItemSplit
+from .rows import MAX_ROWS
 
 REPLAY_SET = "replay"  # the bundled benchmark (the demo's set), read in place
 SEPARATOR = "/"  # between a set's name and an item's key
@@ -236,6 +242,11 @@ def classification_of(item: Any) -> str:
     return str(getattr(item, "classification", "") or DataClass.PUBLIC)
 
 
-def runs_of_items(item_ids: list[str]) -> Any:
-    """The training runs of these items' tasks (a queryset)."""
-    return Run.objects.filter(task__source=Task.Source.TRAINING, task__source_item__in=item_ids)
+def view_tasks(view: SavedView) -> list[Task]:
+    """The tasks a saved view of the task list selects (its filters, as the list applies them) that
+    can become items: a reference, or a reviewer's verdict on one of their runs; at most MAX_ROWS."""
+    listed = TaskFilter(QueryDict(view.query), task_list()).qs.exclude(source=Task.Source.TRAINING)
+    usable = Q(reference__isnull=False) & ~Q(reference="") | Exists(
+        Annotation.objects.filter(run__task=OuterRef("pk"), step__isnull=True)
+    )
+    return list(listed.filter(usable, purged_at__isnull=True).order_by("created_at")[:MAX_ROWS])

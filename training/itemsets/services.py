@@ -302,3 +302,22 @@ def task_items_purge(*, task: Task, now: Any, actor: Actor) -> int:
         payload={"items": [list(k) for k in keys]},
     )
     return len(keys)
+
+
+def itemset_exported(*, version: ItemSetVersion, actor: Actor, what: str) -> None:
+    """Who exported which version (its hash as of the export: a version still open may grow after)."""
+    with transaction.atomic():
+        event_record(
+            actor=actor,
+            action=Action.ITEMSET_EXPORTED,
+            obj=version,
+            payload={
+                "item_set": version.item_set.name,
+                "version": version.number,
+                "what": what,
+                "content_hash": version.content_hash
+                if version.frozen
+                else manifest_of(version)["content_hash"],
+                "frozen": version.frozen,
+            },
+        )

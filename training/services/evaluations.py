@@ -72,13 +72,19 @@ def evaluation_start(
     actor: Actor,
     user: Any = None,
     item_set: str = REPLAY_SET,
+    shown_usd: Decimal | None = None,
+    max_usd: Decimal | None = None,
 ) -> Evaluation:
     """Run the candidate and the baseline (the active version by default) on the same held-out items of
     `item_set`'s split (its latest version, frozen by this). Refused (nothing written) above
     training.limits' runs per request or the user's queued runs, or when `limit` is more than the
-    split's items."""
+    split's items, when the estimate is not the `shown_usd` a preview showed, or above the budget
+    `max_usd`."""
     baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
     found = resolved.items
+    if shown_usd is not None or max_usd is not None:
+        found_estimate = limits.estimate([(candidate, len(found)), (baseline, len(found))])
+        check_or_refuse(limits.estimate_check, found_estimate, shown_usd, max_usd)
     for version in (candidate, baseline):  # a trained adapter is served before a run asks it to plan
         adapter_load(version)
     with transaction.atomic():

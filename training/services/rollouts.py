@@ -5,6 +5,7 @@ team's own items, as the replay files record it for the benchmark)."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -12,10 +13,11 @@ from django.db import transaction
 from audit.actions import Action
 from audit.services import Actor, event_record
 from routing.engine.planning import screened_workers
+from routing.estimates import call_cost
 from routing.models import ConductorVersion, Run, RunStatus, Task
 
 from .. import limits
-from ..itemsets.selectors import REPLAY_SET, Resolved, resolve
+from ..itemsets.selectors import REPLAY_SET, Resolved, classification_of, resolve
 from ..models import JobStatus, Rollout, RolloutBatch
 from .common import (
     FINISHED_RUN,
@@ -57,11 +59,29 @@ def rollouts_estimate(
     temperature: float,
     user: Any = None,
     item_set: str = REPLAY_SET,
+    survey: bool = False,
 ) -> limits.Estimate:
     """What rollouts_start would start (runs, estimated cost), checked as it checks; starts nothing."""
-    runs = len(_rollouts_checked(item_set, items, k, temperature).items) * k
+    found = _rollouts_checked(item_set, items, 1 if survey else k, temperature).items
+    if survey:
+        return _survey_estimate(found, user)
+    runs = len(found) * k
     check_or_refuse(limits.queued_runs_check, user, runs)
     return limits.estimate([(version, runs)])
+
+
+def _survey_estimate(found: list[Any], user: Any) -> limits.Estimate:
+    """A survey's runs and cost: each allowed worker's call on each item's text (routing.estimates)."""
+    total, runs = Decimal("0"), 0
+    for item in found:
+        task = Task(text=item.task, source_item=item.id, classification=classification_of(item))
+        for worker in screened_workers(task)[0]:
+            total += call_cost(worker, item.task).usd
+            runs += 1
+    check_or_refuse(limits.queued_runs_check, user, runs)
+    return limits.Estimate(
+        runs=runs, usd=total.quantize(limits.USD_PLACES), basis="each worker's price for each item's text"
+    )
 
 
 def rollouts_start(
@@ -74,10 +94,18 @@ def rollouts_start(
     user: Any = None,
     item_set: str = REPLAY_SET,
     survey: bool = False,
+    shown_usd: Decimal | None = None,
+    max_usd: Decimal | None = None,
 ) -> RolloutBatch:
     """Sample K workflows per item of `item_set` from `version` at `temperature`; each runs through the
     engine. `survey`: instead, each worker the item's policy allows answers it once (K is ignored).
-    Refused (nothing written) above training.limits' runs per request or the user's queued runs."""
+    Refused (nothing written) above training.limits' runs per request or the user's queued runs, when
+    the estimate is not the `shown_usd` a preview showed, or above the budget `max_usd`."""
+    if shown_usd is not None or max_usd is not None:
+        found_estimate = rollouts_estimate(
+            version=version, items=items, k=k, temperature=temperature, item_set=item_set, survey=survey
+        )
+        check_or_refuse(limits.estimate_check, found_estimate, shown_usd, max_usd)
     resolved = _rollouts_checked(item_set, items, 1 if survey else k, temperature)
     found = resolved.items
     with transaction.atomic():
@@ -124,19 +152,25 @@ def rollouts_start(
             actor=actor,
             action=Action.ROLLOUTS_STARTED,
             obj=batch,
-            payload={
-                "conductor": version.name,
-                "k": batch.k,
-                "temperature": temperature,
-                "items": len(found),
-                "runs": len(samples),
-                "item_set": resolved.item_set,
-                "item_set_version": set_version.number if set_version else None,
-                "content_hash": set_version.content_hash if set_version else None,
-                "survey": survey,
-            },
+            payload=_started_payload(batch, len(samples)),
         )
     return batch
+
+
+def _started_payload(batch: RolloutBatch, runs: int) -> dict[str, Any]:
+    """The rollouts.started event's payload: what was sampled from which set's frozen version."""
+    set_version = batch.item_set_version
+    return {
+        "conductor": batch.conductor_version.name,
+        "k": batch.k,
+        "temperature": batch.temperature,
+        "items": len(batch.items),
+        "runs": runs,
+        "item_set": batch.item_set,
+        "item_set_version": set_version.number if set_version else None,
+        "content_hash": set_version.content_hash if set_version else None,
+        "survey": batch.survey,
+    }
 
 
 def _survey_samples(tasks: list[tuple[Any, Task]]) -> list[tuple[Any, Task, int, str]]:

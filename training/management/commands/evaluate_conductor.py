@@ -18,6 +18,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("candidate", help="conductor version name")
         parser.add_argument("--baseline", help="conductor version name (default: the active one)")
+        parser.add_argument(
+            "--item-set", default="replay", help="the item set (default: the bundled replay benchmark)"
+        )
         parser.add_argument("--split", default="dev")
         parser.add_argument("--limit", type=int, default=100)
         parser.add_argument(
@@ -36,6 +39,7 @@ class Command(BaseCommand):
                 baseline=baseline,
                 split=o["split"],
                 limit=o["limit"],
+                item_set=o["item_set"],
                 actor=Actor.service("evaluate_conductor"),
             )
         except TrainingError as exc:

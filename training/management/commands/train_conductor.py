@@ -16,6 +16,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="version name, e.g. learned-v1")
+        parser.add_argument(
+            "--item-set", default="replay", help="the item set (default: the bundled replay benchmark)"
+        )
         parser.add_argument("--split", default="train")
         parser.add_argument("--epochs", type=int, default=GRPOConfig.epochs)
         parser.add_argument("--limit", type=int, help="train on the first N items only")
@@ -39,6 +42,7 @@ class Command(BaseCommand):
                 backend=TrainingJob.Backend.LEARNED,
                 dataset=None,
                 options={
+                    "item_set": o["item_set"],
                     "split": o["split"],
                     "epochs": o["epochs"],
                     "limit": o["limit"],
