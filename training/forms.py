@@ -29,14 +29,19 @@ from .services import (
 SPLITS = [("train", "train"), ("dev", "dev"), ("test", "test")]
 
 
-def item_set_field(**kwargs: Any) -> forms.ChoiceField:
+class ItemSetChoiceField(forms.ChoiceField):
     """The item sets a form offers: the team's, then the bundled replay benchmark (read when the form
-    is made, so a set uploaded a moment ago is there)."""
-    return forms.ChoiceField(
-        choices=lambda: [
-            (name, name if name != REPLAY_SET else f"{name} (the bundled benchmark)") for name in set_names()
-        ],
+    is made, so a set uploaded a moment ago is there). Left out: the replay benchmark."""
+
+    def clean(self, value: Any) -> str:
+        return super().clean(value) or REPLAY_SET
+
+
+def item_set_field(**kwargs: Any) -> forms.ChoiceField:
+    return ItemSetChoiceField(
+        choices=lambda: [(n, n if n != REPLAY_SET else f"{n} (the bundled benchmark)") for n in set_names()],
         initial=REPLAY_SET,
+        required=False,
         label="Item set",
         **kwargs,
     )

@@ -17,7 +17,9 @@ VAR_DIR for as long as the record's pages are requested (the `record` fixture se
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import os
 import signal
@@ -46,9 +48,18 @@ from audit.services import Actor, event_record, legal_hold_place
 from routing import engine, replay
 from routing.models import Attempt, ConductorVersion, DataClass, Run, RunStatus, Task, Worker
 from routing.retention import retention_purge
-from routing.services import TaskSubmission, conductor_activate, task_submit, worker_register
+from routing.services import (
+    TaskSubmission,
+    conductor_activate,
+    conductor_active,
+    task_submit,
+    worker_register,
+)
 from tests.conftest import ROOT, clear_queues, database_url, wait_for
 from tests.openai_server import OpenAIServer, Reply, plan_json
+from training.itemsets.rows import read_file
+from training.itemsets.selectors import split_ids
+from training.itemsets.services import items_upload
 from training.models import EvaluationRun, JobStatus, Rollout, TrainingJob
 from training.rewards import RewardConfig
 from training.services import (
@@ -120,6 +131,7 @@ class Record:
     evaluation_id: int
     rollout_batch_id: int
     worker_slugs: list[str]
+    item_set: str  # a team's set, uploaded, with a survey of two of its items run
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -516,6 +528,8 @@ def _build(server: OpenAIServer) -> Record:
     keep("queued", _live_run(_submit("Submitted and never run", source=Task.Source.WEB)))
 
     lap("policy rules, policy_block, queued")
+    item_set = _item_set()
+    lap("item set")
     missing = set(TASK_KINDS) - set(tasks)
     assert not missing, missing
     files = dataset_files(dataset)
@@ -530,7 +544,33 @@ def _build(server: OpenAIServer) -> Record:
         evaluation_id=evaluation.pk,
         rollout_batch_id=batch.pk,
         worker_slugs=sorted(Worker.objects.values_list("slug", flat=True)),
+        item_set=item_set,
     )
+
+
+def _item_set() -> str:
+    """The example file uploaded as a team's set, with hostile text added; two of its items surveyed
+    (every worker answers each once), so that its version is frozen and its rollouts are on record."""
+    content = (ROOT / "examples" / "unit-conversions.jsonl").read_bytes() + (
+        json.dumps(
+            {"id": "hostile", "text": HOSTILE_TEXT, "reference": "1", "scorer": "numeric", "kind": "x"}
+        )
+        + "\n"
+    ).encode()
+    version, _ = items_upload(
+        name="acceptance-items",
+        rows=read_file(content, "items.jsonl"),
+        filename="items.jsonl",
+        content_sha256=hashlib.sha256(content).hexdigest(),
+        actor=BUILDER,
+    )
+    survey = rollouts_start(
+        version=conductor_active(), items=split_ids(version.item_set.name, "train", limit=2), k=1,
+        temperature=1.0, actor=BUILDER, item_set=version.item_set.name, survey=True,
+    )  # fmt: skip
+    for rollout in Rollout.objects.filter(batch=survey).select_related("run"):
+        _execute(rollout.run)
+    return version.item_set.name
 
 
 def _llm_kinds(server: OpenAIServer, keep: Callable[[str, Run], Run]) -> None:

@@ -46,6 +46,7 @@ OPEN = _row(200, 200, 200, 200, 200, 200)
 TO_STATIC = _row(302, 302, 302, 302, 302, 302)  # a redirect to a static file
 REVIEWERS = _row("login", 403, 200, 403, 200, 200)
 PLAYERS = _row("login", 403, 403, 200, 200, 200)
+TRAINING_WRITERS = _row("login", 403, 403, 403, 200, 200)
 EVERYONE_TO_PAGE = _row("login", 403, 302, 302, 302, 302)  # a short address of a page any role reads
 
 # The access table (GET). Mirrors docs/audit.md; the format-suffixed twins of API routes
@@ -122,6 +123,20 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "training:promote": POST_ONLY,
     "training:shadow": POST_ONLY,
     "training:evaluate": POST_ONLY,
+    "training:itemsets": TRAINING_READERS,
+    "training:itemset-upload": POST_ONLY,
+    "training:itemset-template": TRAINING_READERS,
+    "training:itemset-add-task": TRAINING_WRITERS,
+    "training:itemset-add-view": POST_ONLY,
+    "training:itemset": TRAINING_READERS,
+    "training:itemset-export": TRAINING_READERS,
+    "training:itemset-manifest": TRAINING_READERS,
+    "training-api:itemset-list": TRAINING_READERS_API,
+    "training-api:itemset-detail": TRAINING_READERS_API,
+    "training-api:itemset-tasks": TRAINING_ACTION_API,
+    "training-api:itemset-items": TRAINING_READERS_API,
+    "training-api:itemset-manifest": TRAINING_READERS_API,
+    "training-api:itemset-export": TRAINING_READERS_API,
     "schema": EVERYONE_API,
     "api-docs": EVERYONE_API,
     "api-redoc": EVERYONE_API,
@@ -165,6 +180,8 @@ PARAM_KINDS: dict[str, str] = {
     "instruction": "prefill",  # the playground's instruction: any text is one to edit
     "step": "int",
     "label": "text",
+    "set_version": "enum",  # an item set's version number; none that is not one
+    "split": "enum",
     "format": "not found",  # DRF: a renderer it does not have
     "cursor": "not found",  # DRF: a page it did not issue
     # Not filters: what they select is shown as such, and a value they cannot use is ignored.
@@ -247,6 +264,8 @@ def path_values(route: Route, record) -> dict[str, str]:
         values["name"] = record.job_artifacts[record.jobs["finished"]][0]
     elif route.name == "training:dataset-file":
         values["name"] = record.dataset_files[0]
+    if route.name.startswith(("training:itemset", "training-api:itemset")):
+        values["name"] = record.item_set
     if "view_id" in route.params:
         values["view_id"] = str(_shared_view_id())
     missing = [p for p in route.params if p not in values]
@@ -556,6 +575,11 @@ MAY_POST: dict[str, tuple[str, ...]] = {
     "training-api:conductor-rollback": ("ML staff",),
     "training-api:conductor-promote": ("ML staff",),
     "training-api:conductor-shadow": ("ML staff",),
+    "training:itemset-upload": ("ML staff",),
+    "training:itemset-add-task": ("ML staff",),
+    "training:itemset-add-view": ("ML staff",),
+    "training-api:itemset-list": ("ML staff",),
+    "training-api:itemset-tasks": ("ML staff",),
 }
 
 

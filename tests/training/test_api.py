@@ -189,6 +189,8 @@ def test_ml_staff_start_a_learned_job_with_the_defaults_filled_in(ml, settings):
         JobStatus.QUEUED,
     )
     assert job.options == {
+        "item_set": "replay",
+        "item_set_version": None,
         "split": "train",
         "limit": 10,
         "epochs": 2,
@@ -310,7 +312,10 @@ def test_rollouts_from_a_split_make_k_runs_per_item(ml):
         ({"items": [ITEM], "k": 0}, "K must be between 1 and 64"),
         ({"items": [ITEM], "temperature": 0}, "the temperature must be above 0"),
         ({"split": "nope"}, "no split 'nope'"),
-        ({"split": "dev", "domain": "no-such-domain"}, "no items in the dev split for this domain"),
+        (
+            {"split": "dev", "domain": "no-such-domain"},
+            "no items in the dev split of replay of kind 'no-such-domain'",
+        ),
     ],
 )
 def test_rollouts_the_service_refuses(ml, body, message):

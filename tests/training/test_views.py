@@ -335,7 +335,8 @@ def test_the_rollouts_form_starts_k_runs_per_item_of_the_split(ml, broker, setti
     response = ml.post(reverse("training:rollouts-start"), {f"rollouts-{k}": v for k, v in data.items()})
     assert response.status_code == 200
     assert (
-        "no items in the train split for this domain" in response.context["rollouts_form"].non_field_errors()
+        "no items in the train split of replay of kind 'no-such-domain'"
+        in response.context["rollouts_form"].non_field_errors()
     )
     assert RolloutBatch.objects.count() == 1 and Rollout.objects.count() == 6
 
