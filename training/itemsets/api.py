@@ -11,7 +11,6 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -96,7 +95,6 @@ class ItemSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
     lookup_field = "name"
     lookup_value_regex = r"[A-Za-z0-9][A-Za-z0-9_-]{0,79}"
     serializer_class = ItemSetOutput
-    parser_classes = [JSONParser, MultiPartParser, FormParser]
 
     def get_queryset(self):
         return ItemSet.objects.select_related("created_by").prefetch_related("versions")

@@ -102,7 +102,11 @@ def itemset_detail(request: HttpRequest, name: str) -> HttpResponse:
     item_set = get_object_or_404(ItemSet, name=name)
     versions = list(item_set.versions.order_by("-number"))
     number = params.integer(
-        request.GET, "version", default=versions[0].number if versions else 1, minimum=1, maximum=2**31 - 1
+        request.GET,
+        VERSION_PARAM,
+        default=versions[0].number if versions else 1,
+        minimum=1,
+        maximum=2**31 - 1,
     )
     version = next((v for v in versions if v.number == number), None)
     if version is None:
@@ -184,8 +188,10 @@ def itemset_add_task(request: HttpRequest) -> HttpResponse:
         task = Task.objects.filter(pk=task_id).first() if task_id else None
         form = AddTaskForm(initial={"task": task.pk if task else None, "kind": task.domain if task else ""})
     if task is None:
-        if request.method == "GET" and "task" not in request.GET:  # how to get here with a task
-            return render(request, "training/itemset_add.html", {"form": None, "task": None, "names": []})
+        if request.method == "GET":  # no task asked for, or none such: how to get here with one
+            missing = request.GET.get("task", "")
+            context = {"form": None, "task": None, "names": [], "missing": missing}
+            return render(request, "training/itemset_add.html", context)
         raise Http404("no such task")
     if request.method == "POST" and form.is_valid():
         try:
