@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from django.db.models import Count, Prefetch
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -25,10 +26,11 @@ from ..api import REFUSED, TrainingViewSet
 from ..models import Item, ItemSet, ItemSetVersion
 from . import rows, services
 from .selectors import view_tasks
+from .views import export_response
 
 
 class VersionOutput(serializers.ModelSerializer):
-    items = serializers.IntegerField(source="items.count", read_only=True)
+    items = serializers.IntegerField(source="item_count", read_only=True)
 
     class Meta:
         model = ItemSetVersion
@@ -97,7 +99,10 @@ class ItemSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
     serializer_class = ItemSetOutput
 
     def get_queryset(self):
-        return ItemSet.objects.select_related("created_by").prefetch_related("versions")
+        versions = ItemSetVersion.objects.annotate(item_count=Count("items")).order_by("-number")
+        return ItemSet.objects.select_related("created_by").prefetch_related(
+            Prefetch("versions", queryset=versions)
+        )
 
     def _version(self, request: Request, name: str) -> ItemSetVersion:
         number = params.integer(request.query_params, "set_version", minimum=1, maximum=2**31 - 1)
@@ -181,11 +186,6 @@ class ItemSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingV
     def export(
         self, request: Request, name: str | None = None, format: str | None = None
     ) -> StreamingHttpResponse:
-        version = self._version(request, str(name))
-        services.itemset_exported(version=version, actor=Actor.for_user(request.user), what="api export")
-        response = StreamingHttpResponse((line + "\n" for line in services.version_lines(version)),
-                                         content_type="application/jsonl; charset=utf-8")  # fmt: skip
-        response["Content-Disposition"] = (
-            f'attachment; filename="{version.item_set.name}-v{version.number}.jsonl"'
+        return export_response(
+            self._version(request, str(name)), Actor.for_user(request.user), what="api export"
         )
-        return response

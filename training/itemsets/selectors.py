@@ -10,7 +10,7 @@ refers to it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -212,7 +212,7 @@ def with_outcomes(items: list[SetItem], run_ids: list[int] | None = None) -> tup
             "score": graded,
             "cost_usd": float(Decimal(cost)),
         }
-    kept = [SetItem(**{**vars(item), "outcomes": answers[item.id]}) for item in items if answers.get(item.id)]
+    kept = [replace(item, outcomes=answers[item.id]) for item in items if answers.get(item.id)]
     workers = sorted(set.intersection(*(set(i.outcomes) for i in kept))) if kept else []
     return kept, workers
 
