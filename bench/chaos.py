@@ -241,6 +241,11 @@ def main() -> None:
     print(json.dumps(figures, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
+    if figures["lost_runs"]:
+        # Nothing is written into the docs from a round that lost a run: it is a failure, not a figure.
+        for line in figures["lost_run_details"]:
+            print(f"LOST {line}", file=sys.stderr)
+        raise SystemExit(f"chaos: {figures['lost_runs']} of {figures['runs']} runs did not end")
     if args.write:
         _write(args, figures)
 
@@ -319,6 +324,7 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
         time.sleep(2)
     time.sleep(7)  # the next checkpoint signs the last seals
     terminal = Run.objects.filter(pk__in=runs, status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED])
+    lost = lost_runs(runs, var_dir)
     steps_twice = sum(
         1
         for s in Step.objects.filter(run__in=runs)
@@ -363,6 +369,8 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
         "redis_restarts": restarts["redis"],
         "postgres_restarts": restarts["postgres"],
         "terminal_runs": terminal.count(),
+        "lost_runs": len(lost),
+        "lost_run_details": lost,
         "succeeded_runs": terminal.filter(status=RunStatus.SUCCEEDED).count(),
         "steps_with_more_than_one_succeeded_attempt": steps_twice,
         "paid_calls": paid,
@@ -385,6 +393,35 @@ def _chaos(args, settings, server, faults, cluster, var_dir, embedded) -> dict[s
     }
 
 
+def lost_runs(runs: list[int], var_dir: Path) -> list[str]:
+    """Each run that did not end, named with what an operator would look at first: its status, its
+    deliveries, when it was last sent and heartbeaten, its audit events and the workers' log lines
+    that name it."""
+    from audit.models import AuditEvent
+    from routing.models import Run, RunStatus
+
+    logs = [
+        (path.name, line)
+        for path in sorted(var_dir.glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+    ]
+    details = []
+    for run in Run.objects.filter(pk__in=runs).exclude(status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]):
+        events = list(
+            AuditEvent.objects.filter(correlation_id=run.correlation_id)
+            .order_by("occurred_at")
+            .values_list("action", flat=True)
+        )
+        mentions = [
+            f"{name}: {line.strip()[:160]}" for name, line in logs if re.search(rf"\brun {run.pk}\b", line)
+        ]
+        details.append(
+            f"run {run.pk} (task {run.task_id}): {run.status}, {run.deliveries} deliveries, sent"
+            f" {run.enqueued_at}, heartbeat {run.heartbeat_at}; events {events}; log {mentions[-5:]}"
+        )
+    return details
+
+
 _PICK = random.Random(5)
 
 
@@ -395,7 +432,9 @@ def rng_choice(items: list) -> Any:
 def _write(args, f: dict[str, Any]) -> None:
     from bench.docs import write_section
 
-    rows = "\n".join(f"| {k.replace('_', ' ')} | {v} |" for k, v in f.items() if k != "machine")
+    rows = "\n".join(
+        f"| {k.replace('_', ' ')} | {v} |" for k, v in f.items() if k not in ("machine", "lost_run_details")
+    )
     write_section(
         "chaos",
         f"""## Chaos: kills, provider faults and restarts

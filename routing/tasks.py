@@ -12,31 +12,34 @@ waiting behind the backlog:
   with its pool process, once its heartbeat is older than CONDUCTOR_HEARTBEAT_S;
 - a run whose message a worker took and died with, before it claimed the run (a retry waiting for its
   countdown, a message just taken): the Redis transport keeps such a message unacknowledged until the
-  visibility timeout (hours). The sweep reads kombu's index of unacknowledged messages and sends
-  again a run of one taken longer ago than a live worker would need to claim it, unless the run is
-  locked, ended, or was sent since;
-- a `queued` run whose message never reached the broker (an outage at submission), or whose message
-  is older than the broker's visibility timeout (lost): the sweep sends it to `runs`.
+  visibility timeout (hours). The sweep sends again a run of one taken longer ago than a live worker
+  would need to claim it;
+- a `queued` run whose message is nowhere: it never reached the broker (an outage at submission, a
+  process killed between its commit and its send), or it was taken and lost (a task that failed before
+  its claim, acknowledged on its way out). The sweep sends it once its last send is older than
+  CONDUCTOR_SEND_GRACE_S: to `runs` if it was never sent, to `resume` if it was.
+Each rule asks the broker where the run's messages are (routing.broker), not whether a send was
+recorded: a send recorded after its message was already taken (a retry's on_retry, written once the
+database was back) once left a run queued for the visibility timeout.
 A run merely waiting in a long queue is never sent twice. A duplicate delivery is harmless anyway:
 the run lock and the claim epoch make it a no-op.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from celery import Task, shared_task
 from django.conf import settings
-from django.db import connection, connections
-from django.db.models import F, Q
+from django.db import DatabaseError, connection, connections
+from django.db.models import Q
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
 from . import engine, presence
+from .broker import Sent, run_messages
 from .models import Run, RunStatus
 from .retention import retention_purge as purge
 
@@ -58,9 +61,15 @@ class RunTask(Task):
 
     def on_retry(self, exc, task_id, args, kwargs, einfo) -> None:
         """A message was sent again (a lost pool process, a database failure): recorded as run_send
-        records its sends, so the sweep does not send the run a second time while it waits for a slot."""
-        if args:
+        records its sends (a broker the sweep cannot read relies on it). The database may be the
+        failure itself: the message is sent whatever this write does, so a failed write is only logged."""
+        if not args:
+            return
+        try:
             Run.objects.filter(pk=args[0]).update(enqueued_at=timezone.now())
+        except DatabaseError as error:
+            connections.close_all()
+            log.warning("run %s: its retry was sent, its send not recorded (%s)", args[0], error)
 
 
 @shared_task(
@@ -116,41 +125,15 @@ def held_grace() -> timedelta:
     return timedelta(seconds=settings.CONDUCTOR_RETRY_BACKOFF_MAX_S) + orphan_grace()
 
 
+def run_queues() -> list[str]:
+    """The queues a run's message is sent to: `runs` first, `resume` when sent again."""
+    return [settings.CELERY_TASK_DEFAULT_QUEUE, resume_queue()]
+
+
 def runs_held(older_than: timedelta) -> dict[int, datetime]:
     """Runs whose message a worker took from the broker longer ago than `older_than` and has not
-    acknowledged: {run id: when it was taken}. Read from the Redis transport's index of unacknowledged
-    messages; other brokers (RabbitMQ) deliver a dead consumer's messages again themselves."""
-    held: dict[int, datetime] = {}
-    with run_workflow.app.connection_for_read() as conn:
-        channel = conn.default_channel
-        index_key = getattr(channel, "unacked_index_key", None)
-        if index_key is None:
-            return held
-        client = channel.client
-        before = timezone.now() - older_than
-        tags = client.zrangebyscore(index_key, "-inf", before.timestamp(), withscores=True)
-        if not tags:
-            return held
-        for (_tag, taken), raw in zip(
-            tags, client.hmget(channel.unacked_key, [t for t, _ in tags]), strict=True
-        ):
-            run_id = _run_of(raw)
-            if run_id is not None:
-                when = datetime.fromtimestamp(taken, tz=UTC)
-                held[run_id] = max(when, held.get(run_id, when))
-    return held
-
-
-def _run_of(raw: bytes | None) -> int | None:
-    """The run id of a run_workflow message as the Redis transport stores it, or None."""
-    try:
-        message = json.loads(raw)[0]
-        if message["headers"]["task"] != run_workflow.name:
-            return None
-        args = json.loads(base64.b64decode(message["body"]))[0]
-        return int(args[0])
-    except (TypeError, ValueError, KeyError, IndexError):
-        return None
+    acknowledged: {run id: when it was taken} (Redis only; see routing.broker)."""
+    return run_messages(run_workflow.app, run_queues()).held(before=timezone.now() - older_than)
 
 
 def runs_locked() -> set[int]:
@@ -163,61 +146,63 @@ def runs_locked() -> set[int]:
         return {int(row[0]) for row in cursor.fetchall()}
 
 
+SENT_FIELDS = ("pk", "enqueued_at", "heartbeat_at")
+# Candidates read per rule and sweep: a sweep every few seconds catches up with a larger number.
+SWEEP_BATCH = 500
+
+
 @shared_task(name="routing.tasks.requeue_stalled_runs")
 def requeue_stalled_runs() -> list[int]:
-    """Send again the runs no process is executing and no message will reach (see the module)."""
+    """Send again the runs no process is executing and no message will reach (see the module): each
+    candidate is checked against where its messages are in the broker, not against a recorded send."""
     now = timezone.now()
-    never_sent = now - timedelta(seconds=settings.CONDUCTOR_SEND_GRACE_S)
-    lost_message = now - timedelta(seconds=settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"])
-    orphans = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=now - orphan_grace())
-    orphans = orphans.filter(
-        # Not yet sent since its last claim (the claim moves heartbeat_at past enqueued_at), or the
-        # message sent is older than the broker keeps an unacknowledged one.
-        Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=F("heartbeat_at")) | Q(enqueued_at__lt=lost_message)
-    )
-    waiting = Run.objects.filter(status=RunStatus.QUEUED, created_at__lt=never_sent).filter(
-        Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=lost_message)
-    )
+    hold = held_grace()
     locked = runs_locked()
-    sent = []
+    # Read after the locks and the runs' rows would be read: a message the broker no longer holds
+    # was taken (and its run claimed, so locked or heartbeating) or lost before this moment.
+    messages = run_messages(run_workflow.app, run_queues())
+    sent: list[int] = []
+
+    def send(run: Sent, queue: str | None, *, since: datetime) -> None:
+        """Send `run` unless it is locked, was sent by this sweep, or has a message that will reach a
+        worker: one waiting, or one taken after `since` (later than a dead worker could have)."""
+        if run.run_id in locked or run.run_id in sent or messages.pending(run, since=since):
+            return
+        if run_send(run.run_id, previous=run.enqueued_at, queue=queue):
+            sent.append(run.run_id)
+
     # A run whose whole worker died (its main process's presence lock is gone with it): nobody is left
     # to send it again, so it goes now, without the orphan grace below (which leaves a run whose pool
     # process died to its living worker). A heartbeat this fresh means its process may still be writing.
+    # The dead worker took its message before the run's last heartbeat; one taken since is a new one.
     alive = presence.present()
     abandoned = Run.objects.filter(
         status=RunStatus.RUNNING,
         worker_ppid__isnull=False,
         heartbeat_at__lt=now - timedelta(seconds=settings.CONDUCTOR_HEARTBEAT_S),
-    ).filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lt=F("heartbeat_at")))
-    for run_id, previous, host, ppid in abandoned.values_list(
-        "pk", "enqueued_at", "worker_host", "worker_ppid"
-    )[:500]:
-        if run_id in locked or presence.presence_key(host, ppid) in alive:
-            continue
-        if run_send(run_id, previous=previous, queue=resume_queue()):
-            sent.append(run_id)
-    fields = ("pk", "enqueued_at", "status")
-    for run_id, previous, status in list(
-        orphans.values_list(*fields).union(waiting.values_list(*fields))[:500]
-    ):
-        if run_id in locked or run_id in sent:
-            continue
-        queue = resume_queue() if status == RunStatus.RUNNING else None
-        if run_send(run_id, previous=previous, queue=queue):
-            sent.append(run_id)
-    # Messages a dead worker took before it claimed their run (see the module).
-    held = runs_held(held_grace())
-    for run_id, previous, taken in Run.objects.filter(
-        pk__in=list(held), status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
-    ).values_list("pk", "enqueued_at", "heartbeat_at"):
-        if run_id in locked or run_id in sent:
-            continue
-        if previous is not None and previous >= held[run_id]:
-            continue  # sent again since that message was taken
-        if taken is not None and taken > held[run_id]:
-            continue  # claimed after the message was taken: the orphan rule above owns it
-        if run_send(run_id, previous=previous, queue=resume_queue()):
-            sent.append(run_id)
+    )
+    for *fields, host, ppid in abandoned.values_list(*SENT_FIELDS, "worker_host", "worker_ppid")[
+        :SWEEP_BATCH
+    ]:
+        if presence.presence_key(host, ppid) not in alive:
+            run = Sent(*fields)
+            send(run, resume_queue(), since=run.heartbeat_at)
+    # A running run nobody has heartbeaten for the orphan grace: its worker did not send it again.
+    orphans = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=now - orphan_grace())
+    for fields in orphans.values_list(*SENT_FIELDS)[:SWEEP_BATCH]:
+        run = Sent(*fields)
+        send(run, resume_queue(), since=max(run.heartbeat_at, now - hold))
+    # A queued run last sent longer ago than a send takes (or never: the broker was down), or whose
+    # message a worker took longer ago than a live worker needs to claim it. One sent before goes to
+    # `resume`: it already waited its turn once.
+    grace = now - timedelta(seconds=settings.CONDUCTOR_SEND_GRACE_S)
+    held = messages.held(before=now - hold)
+    waiting = Run.objects.filter(status=RunStatus.QUEUED).filter(
+        Q(enqueued_at__isnull=True, created_at__lt=grace) | Q(enqueued_at__lt=grace) | Q(pk__in=list(held))
+    )
+    for fields in waiting.order_by("pk").values_list(*SENT_FIELDS)[:SWEEP_BATCH]:
+        run = Sent(*fields)
+        send(run, resume_queue() if run.enqueued_at else None, since=now - hold)
     if sent:
         log.warning("sent stalled runs again %s", sent)
     return sent

@@ -36,6 +36,7 @@ def test_the_chaos_harness_ends_every_run_and_reports_its_figures(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["runs"] == figures["terminal_runs"] == 4
+    assert figures["lost_runs"] == 0, figures["lost_run_details"]
     assert (figures["redis_restarts"], figures["postgres_restarts"]) == (1, 1)
     assert figures["steps_with_more_than_one_succeeded_attempt"] == 0
     assert figures["paid_calls_repeated_beyond_the_one_in_flight"] == 0
@@ -44,3 +45,26 @@ def test_the_chaos_harness_ends_every_run_and_reports_its_figures(tmp_path):
     assert not (tmp_path / "var" / "postgres" / "postmaster.pid").exists(), (
         "the harness left its database running"
     )
+
+
+@pytest.mark.django_db
+def test_a_run_that_did_not_end_is_named_with_its_state_and_the_log_lines_about_it(tmp_path):
+    from bench.chaos import lost_runs
+    from routing.models import Task
+    from routing.services import TaskSubmission, task_submit
+
+    ended, _ = task_submit(submission=TaskSubmission(text="Chaos task chaos-1"), source=Task.Source.API)
+    stuck, _ = task_submit(submission=TaskSubmission(text="Chaos task chaos-2"), source=Task.Source.API)
+    ended_run, stuck_run = ended.runs.get(), stuck.runs.get()
+    ended_run.__class__.objects.filter(pk=ended_run.pk).update(status="succeeded")
+    (tmp_path / "worker-1.log").write_text(
+        f"run {stuck_run.pk}: OperationalError the database system is shutting down; retrying in 1.0s\n"
+        f"run {stuck_run.pk}0: someone else\n"
+    )
+
+    lost = lost_runs([ended_run.pk, stuck_run.pk], tmp_path)
+
+    assert len(lost) == 1
+    assert lost[0].startswith(f"run {stuck_run.pk} (task {stuck.pk}): queued, 0 deliveries")
+    assert "task.submitted" in lost[0] and "shutting down" in lost[0]
+    assert "someone else" not in lost[0]

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Sum
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import Role
@@ -418,6 +419,38 @@ def test_a_run_whose_message_died_with_its_worker_before_the_claim_is_sent_again
         lambda: Run.objects.filter(pk=run.pk, status=RunStatus.SUCCEEDED).first(), timeout=60, what="the run"
     )
     assert run.deliveries == 1
+    assert_paid_once_and_totals_add_up(run)
+
+
+def test_a_retry_taken_before_its_send_was_recorded_is_sent_again_when_its_worker_dies(
+    live_pool, celery_workers, settings
+):
+    """The window that once lost a run under restarts: a database failure before the claim, the
+    task's retry sent with a countdown and taken at once by the same worker, its send recorded only
+    after (on_retry, once the database answered again), then the worker killed. The unacknowledged
+    message looked newer-than-sent to the sweep, and the recorded send looked like a message on its
+    way: the run stayed queued, with no delivery, for the visibility timeout."""
+    settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0
+    settings.CONDUCTOR_HEARTBEAT_S = 0.5
+    settings.CELERY_WORKER_LOST_WAIT = 0.5
+    three_steps(live_pool["server"], delay_s=0.1)
+    run = submit()
+    clear_queues()
+    worker = celery_workers("w1")
+    run_workflow.apply_async((run.pk,), countdown=600, queue=resume_queue())  # the retry, held
+    wait_for(lambda: run.pk in runs_held(timedelta(0)), timeout=30, what="the worker to take the retry")
+    Run.objects.filter(pk=run.pk).update(enqueued_at=timezone.now())  # on_retry, after the take
+    for pid in [*pool_children(worker.proc.pid), worker.proc.pid]:
+        os.kill(pid, signal.SIGKILL)
+    worker.proc.wait(10)
+
+    time.sleep(held_grace().total_seconds() + 0.5)
+    assert requeue_stalled_runs() == [run.pk]
+    assert requeue_stalled_runs() == []  # its new message waits: sent once
+    celery_workers("w2")
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status=RunStatus.SUCCEEDED).first(), timeout=60, what="the run"
+    )
     assert_paid_once_and_totals_add_up(run)
 
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from routing.engine import run_lock
 from routing.models import Run, RunStatus, Task
 from routing.services import TaskSubmission, conductor_active, task_submit
-from routing.tasks import orphan_grace, requeue_stalled_runs, resume_queue, run_send
+from routing.tasks import orphan_grace, requeue_stalled_runs, resume_queue, run_send, run_workflow
 from tests.conftest import clear_queues, queued_run_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,7 +83,8 @@ def test_a_running_run_whose_process_died_is_sent_once_to_the_resume_queue(broke
     assert requeue_stalled_runs() == []
     assert resumed(broker) == [run.pk]
 
-    # Claimed again, and its process died again: sent again, once.
+    # Claimed again (its message taken), and its process died again: sent again, once.
+    clear_queues()
     now = timezone.now()
     Run.objects.filter(pk=run.pk).update(
         enqueued_at=now - timedelta(seconds=grace + 10), heartbeat_at=now - timedelta(seconds=grace + 1)
@@ -126,10 +127,23 @@ def test_a_running_run_whose_lock_is_held_is_left_alone(broker):
 
 def test_a_queued_run_waiting_in_a_long_queue_is_never_sent_twice(broker):
     waiting = make_run(broker, status=RunStatus.QUEUED, age_s=3600, sent_age_s=0)
+    run_workflow.apply_async((waiting.pk,))  # its message, still in the queue an hour later
 
     assert requeue_stalled_runs() == []
-    assert queued_run_ids(broker) == [] and resumed(broker) == []
-    assert Run.objects.get(pk=waiting.pk).enqueued_at is not None
+    assert queued_run_ids(broker) == [waiting.pk] and resumed(broker) == []
+
+
+def test_a_queued_run_whose_message_was_taken_and_lost_is_sent_again_after_the_grace(broker):
+    # Sent a minute ago, and its message is nowhere: a task that failed before it claimed the run
+    # was acknowledged on its way out, or the sender died between recording the send and making it.
+    # Its recorded send is no proof of a message: once, such a run waited for the visibility timeout.
+    lost = make_run(broker, status=RunStatus.QUEUED, age_s=60, sent_age_s=0)
+    just_sent = make_run(broker, status=RunStatus.QUEUED, age_s=60, sent_age_s=0)
+    Run.objects.filter(pk=just_sent.pk).update(enqueued_at=timezone.now())  # a send under way
+
+    assert requeue_stalled_runs() == [lost.pk]
+    assert resumed(broker) == [lost.pk]  # it waited its turn once: it goes ahead of the backlog
+    assert requeue_stalled_runs() == []
 
 
 def test_a_queued_run_whose_message_never_reached_the_broker_is_sent_after_the_grace(broker):
