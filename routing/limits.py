@@ -1,5 +1,6 @@
 """The limits of a task submission, in one place: the web form, the API and the service check the same
-values with the same messages, so a value one path refuses is refused by the others too."""
+values with the same messages, so a value one path refuses is refused by the others too. The plan's
+limits (routing.plans) are here too and follow them: a step's instruction may quote any task accepted."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MaxValueValidator, MinValueValidator
 
-from .plans import MAX_STEPS as MAX_STEPS_PER_PLAN
-
+# Steps in one plan (routing.plans reads it from here).
+MAX_STEPS_PER_PLAN = 5
 # Steps over the whole run: every plan has at most MAX_STEPS_PER_PLAN, and nested plans add theirs.
 MAX_STEPS = MAX_STEPS_PER_PLAN * 20
 MAX_DEPTH = 5
@@ -65,6 +66,17 @@ def text_length_check(text: str) -> None:
     limit = settings.CONDUCTOR_MAX_TASK_CHARS
     if len(text) > limit:
         raise ValidationError(f"At most {limit} characters. The task text has {len(text)}.")
+
+
+# What a conductor writes around the task when a step quotes it (the static rules' cross-check, a learned
+# workflow's): a step's instruction holds the longest task allowed, whole, plus this much.
+INSTRUCTION_FRAMING_CHARS = 20_000
+
+
+def instruction_max_chars() -> int:
+    """The longest instruction a plan's step may hold: CONDUCTOR_MAX_TASK_CHARS, so that any task
+    accepted can be quoted whole, plus INSTRUCTION_FRAMING_CHARS (read at each call, as the task's is)."""
+    return settings.CONDUCTOR_MAX_TASK_CHARS + INSTRUCTION_FRAMING_CHARS
 
 
 def budgets_check(*, max_steps: int | None, max_depth: int | None, max_usd: Decimal | None) -> None:

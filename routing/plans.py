@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_STEPS = 5
-MAX_INSTRUCTION_CHARS = 20_000
+from .limits import MAX_STEPS_PER_PLAN as MAX_STEPS
+from .limits import instruction_max_chars
 
 
 class PlanError(ValueError):
@@ -160,8 +160,11 @@ def parse_plan(
             )
         if not isinstance(instruction, str) or not instruction.strip():
             raise PlanError(f"step {i} has an empty instruction")
-        if len(instruction) > MAX_INSTRUCTION_CHARS:
-            raise PlanError(f"step {i}'s instruction is longer than {MAX_INSTRUCTION_CHARS} characters")
+        if len(instruction) > (longest := instruction_max_chars()):
+            raise PlanError(
+                f"step {i}'s instruction has {len(instruction)} characters; at most {longest} are allowed "
+                "(the longest task, CONDUCTOR_MAX_TASK_CHARS, quoted whole, and its framing)"
+            )
         if access != "all":
             if not isinstance(access, list) or not all(
                 isinstance(a, int) and not isinstance(a, bool) for a in access

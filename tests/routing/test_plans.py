@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from routing import limits
 from routing.plans import MAX_STEPS, Plan, PlanError, PlanStep, parse_plan, workflow_schema
 
 WORKERS = {"alpha", "beta", "gamma"}
@@ -223,8 +224,16 @@ def test_an_empty_or_non_string_instruction_is_rejected(instruction):
     rejects(plan_text(step(), step("beta", instruction)), "step 1 has an empty instruction")
 
 
-def test_an_overlong_instruction_is_rejected():
-    rejects(plan_text(step(instruction="x" * 20_001)), "longer than 20000 characters")
+def test_an_instruction_may_quote_the_longest_task_whole_with_its_framing_and_no_more(settings):
+    settings.CONDUCTOR_MAX_TASK_CHARS = 1_000
+    longest = 1_000 + limits.INSTRUCTION_FRAMING_CHARS
+
+    assert parse(plan_text(step(instruction="x" * longest))).steps[0].instruction == "x" * longest
+    message = rejects(plan_text(step(instruction="x" * (longest + 1))), "step 0's instruction")
+    assert message == (
+        f"step 0's instruction has {longest + 1} characters; at most {longest} are allowed "
+        "(the longest task, CONDUCTOR_MAX_TASK_CHARS, quoted whole, and its framing)"
+    )
 
 
 # --- schema -----------------------------------------------------------------------------------
