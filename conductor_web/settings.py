@@ -80,6 +80,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # An error status answered with no body (require_POST's 405) gets the site's page, or JSON for the API.
+    "conductor_web.error_views.ErrorPageMiddleware",
     # Last, so that its 400 page has the user and messages; refuses NUL or non-UTF-8 query strings and
     # form bodies before any view runs (in __call__, so before the CSRF check reads the form).
     "conductor_web.middleware.BadRequestMiddleware",
