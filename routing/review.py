@@ -26,6 +26,7 @@ from .selectors import final_worker
 
 REVIEWERS = (Role.AUDITOR, Role.ML_STAFF)  # admins pass every role check
 LABEL_MAX, COMMENT_MAX = 60, 4000
+ID_MAX = 2**63 - 1  # a bigint's largest value: no step id is larger
 
 
 class ReviewError(ServiceError):
@@ -45,6 +46,19 @@ class Verdict:
     label: str = ""
     comment: str = ""
     step_id: int | None = None
+
+
+def step_id(value: str | None) -> int | None:
+    """The step a review form names: None when blank (the verdict is on the run's answer); refused
+    (ReviewError) unless a step id, digits 0-9 from 1 to ID_MAX. Never dropped: a verdict meant for a
+    step is not recorded on the whole run."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(ID_MAX)) and 1 <= int(text) <= ID_MAX):
+        shown = text if len(text) <= 40 else text[:40] + "\u2026"
+        raise ReviewError(f"step {shown!r} is not a step id (a whole number from 1 to {ID_MAX})")
+    return int(text)
 
 
 def annotation_add(*, verdict: Verdict, user: Any) -> Annotation:
@@ -72,6 +86,7 @@ def annotation_add(*, verdict: Verdict, user: Any) -> Annotation:
             raise ReviewError("its content was deleted under the retention policy: nothing to review")
         step = None
         if verdict.step_id is not None:
+            # An id out of a bigint's range matches no row (Django's lookups see to it): "no step".
             step = Step.objects.filter(pk=verdict.step_id, run=run).first()
             if step is None:
                 raise ReviewError(f"run {run.pk} has no step {verdict.step_id}")

@@ -27,8 +27,8 @@ class AnnotationOutput(serializers.ModelSerializer):
 
 
 class AnnotationInput(serializers.Serializer):
-    run = serializers.IntegerField(min_value=1)
-    step = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    run = serializers.IntegerField(min_value=1, max_value=review.ID_MAX)
+    step = serializers.IntegerField(min_value=1, max_value=review.ID_MAX, required=False, allow_null=True)
     verdict = serializers.ChoiceField(choices=Annotation.Verdict.choices)
     label = serializers.CharField(max_length=review.LABEL_MAX, required=False, allow_blank=True, default="")
     comment = serializers.CharField(
@@ -39,8 +39,8 @@ class AnnotationInput(serializers.Serializer):
 class AnnotationFilter(StrictFilterSet):
     """Read with the project's strict rules: a bad value is refused with its reason (400)."""
 
-    run = RuleFilter(partial(params.integer, minimum=1, maximum=2**63 - 1))
-    step = RuleFilter(partial(params.integer, minimum=1, maximum=2**63 - 1))
+    run = RuleFilter(partial(params.integer, minimum=1, maximum=review.ID_MAX))
+    step = RuleFilter(partial(params.integer, minimum=1, maximum=review.ID_MAX))
     task = RuleFilter(params.uuid, field_name="run__task_id")
     verdict = choice(Annotation.Verdict.values)
     label = RuleFilter(params.text)

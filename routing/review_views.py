@@ -56,25 +56,31 @@ def review_queue(request: HttpRequest) -> HttpResponse:
 @require_POST
 @role_required(*review.REVIEWERS)
 def annotate(request: HttpRequest, run_id: int) -> HttpResponse:
-    """A verdict from the task page's review form; back to the run on its task's page."""
-    step = request.POST.get("step", "")
-    verdict = review.Verdict(
-        run_id=run_id,
-        verdict=request.POST.get("verdict", ""),
-        label=request.POST.get("label", ""),
-        comment=request.POST.get("comment", ""),
-        step_id=int(step) if step.isdecimal() and len(step) < 19 else None,
-    )
+    """A verdict from the task page's review form; back to the run on its task's page. A verdict that
+    cannot be recorded as given (a step that is not one of the run's, say) is refused: 400, with why."""
     try:
+        verdict = review.Verdict(
+            run_id=run_id,
+            verdict=request.POST.get("verdict", ""),
+            label=request.POST.get("label", ""),
+            comment=request.POST.get("comment", ""),
+            step_id=review.step_id(request.POST.get("step")),  # blank: the run's answer
+        )
         annotation = review.annotation_add(verdict=verdict, user=request.user)
     except review.NoSuchRun as exc:
         messages.error(request, f"Not recorded: {exc}")
         return redirect("review:queue")
     except review.ReviewError as exc:
-        messages.error(request, f"Not recorded: {exc}")
-    else:
-        messages.success(
-            request, f"Recorded: run {run_id} marked {annotation.get_verdict_display().lower()}."
+        return render(
+            request,
+            "400.html",
+            {"message": f"Not recorded: {exc}.", "back": _run_on_its_page(run_id), "back_label": "the run"},
+            status=400,
         )
+    messages.success(request, f"Recorded: run {run_id} marked {annotation.get_verdict_display().lower()}.")
+    return redirect(_run_on_its_page(run_id))
+
+
+def _run_on_its_page(run_id: int) -> str:
     task_id = Run.objects.filter(pk=run_id).values_list("task_id", flat=True).first()
-    return redirect(f"{reverse('routing:task-detail', args=[task_id])}#run-{run_id}")
+    return f"{reverse('routing:task-detail', args=[task_id])}#run-{run_id}"
