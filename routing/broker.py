@@ -40,17 +40,19 @@ class Sent(NamedTuple):
 
 @dataclass(frozen=True)
 class RunMessages:
-    """One look at the Redis broker: the runs with a message waiting in a queue, and the runs whose
-    message a worker took and has not acknowledged, with the newest time one was taken."""
+    """One look at the Redis broker: the queues in which each run has a message waiting, and the
+    runs whose message a worker took and has not acknowledged, with the newest time one was taken."""
 
-    waiting: frozenset[int] = frozenset()
+    waiting: dict[int, frozenset[str]] = field(default_factory=dict)
     taken: dict[int, datetime] = field(default_factory=dict)
 
-    def pending(self, run: Sent, *, since: datetime) -> bool:
-        """A message of the run will reach a worker that claims it: it waits in a queue, or a worker
-        took it after `since` (the caller's bound on when a worker now dead could have taken it)."""
+    def pending(self, run: Sent, *, since: datetime, queue: str | None = None) -> bool:
+        """A message of the run will reach a worker that claims it: it waits in `queue` (any queue
+        when None), or a worker took it after `since` (the caller's bound on when a worker now dead
+        could have taken it)."""
+        queues = self.waiting.get(run.run_id, frozenset())
         taken = self.taken.get(run.run_id)
-        return run.run_id in self.waiting or (taken is not None and taken > since)
+        return (queue in queues if queue else bool(queues)) or (taken is not None and taken > since)
 
     def held(self, *, before: datetime) -> dict[int, datetime]:
         """Runs whose message was taken before `before` and is still unacknowledged."""
@@ -65,7 +67,7 @@ class Recorded:
 
     visibility: timedelta
 
-    def pending(self, run: Sent, *, since: datetime) -> bool:
+    def pending(self, run: Sent, *, since: datetime, queue: str | None = None) -> bool:
         sent = run.enqueued_at
         return (
             sent is not None
@@ -89,23 +91,24 @@ def run_messages(app: Any, queues: list[str]) -> RunMessages | Recorded:
         if index_key is None:
             return Recorded(visibility=visibility)
         client = channel.client
-        waiting: set[int] = set()
+        waiting: dict[int, set[str]] = {}
         for queue in queues:
             for name in (channel._q_for_pri(queue, pri) for pri in channel.priority_steps):
                 start = 0
                 while batch := client.lrange(name, start, start + QUEUE_SLICE - 1):
-                    waiting.update(r for r in map(run_of, batch) if r is not None)
+                    for run_id in (r for r in map(run_of, batch) if r is not None):
+                        waiting.setdefault(run_id, set()).add(queue)
                     start += QUEUE_SLICE
         taken: dict[int, datetime] = {}
         scores = dict(client.zrange(index_key, 0, -1, withscores=True))
         if scores:
             tags = list(scores)
             for tag, raw in zip(tags, client.hmget(channel.unacked_key, tags), strict=True):
-                run_id = run_of(raw, unacked=True)
-                if run_id is not None:
+                held_run = run_of(raw, unacked=True)
+                if held_run is not None:
                     when = datetime.fromtimestamp(scores[tag], tz=UTC)
-                    taken[run_id] = max(when, taken.get(run_id, when))
-    return RunMessages(waiting=frozenset(waiting), taken=taken)
+                    taken[held_run] = max(when, taken.get(held_run, when))
+    return RunMessages(waiting={r: frozenset(q) for r, q in waiting.items()}, taken=taken)
 
 
 def run_of(raw: bytes | None, *, unacked: bool = False) -> int | None:

@@ -158,15 +158,18 @@ def requeue_stalled_runs() -> list[int]:
     now = timezone.now()
     hold = held_grace()
     locked = runs_locked()
-    # Read after the locks and the runs' rows would be read: a message the broker no longer holds
-    # was taken (and its run claimed, so locked or heartbeating) or lost before this moment.
+    # Read after the locks: a message taken from now on is claimed by a process that then holds the
+    # lock, or is taken too recently to count as held by a dead worker.
     messages = run_messages(run_workflow.app, run_queues())
     sent: list[int] = []
 
-    def send(run: Sent, queue: str | None, *, since: datetime) -> None:
-        """Send `run` unless it is locked, was sent by this sweep, or has a message that will reach a
-        worker: one waiting, or one taken after `since` (later than a dead worker could have)."""
-        if run.run_id in locked or run.run_id in sent or messages.pending(run, since=since):
+    def send(run: Sent, queue: str | None, *, since: datetime, waiting_in: str | None = None) -> None:
+        """Send `run` to `queue` unless it is locked, was sent by this sweep, or has a message that
+        will reach a worker: one taken after `since` (later than a dead worker could have), or one
+        waiting in `waiting_in` (any queue when None)."""
+        if run.run_id in locked or run.run_id in sent:
+            return
+        if messages.pending(run, since=since, queue=waiting_in):
             return
         if run_send(run.run_id, previous=run.enqueued_at, queue=queue):
             sent.append(run.run_id)
@@ -186,12 +189,15 @@ def requeue_stalled_runs() -> list[int]:
     ]:
         if presence.presence_key(host, ppid) not in alive:
             run = Sent(*fields)
-            send(run, resume_queue(), since=run.heartbeat_at)
+            send(run, resume_queue(), since=run.heartbeat_at, waiting_in=resume_queue())
     # A running run nobody has heartbeaten for the orphan grace: its worker did not send it again.
+    # A running run counts only its messages on `resume`: one left on `runs` is stale (its first
+    # message was taken to claim it; a broker restarted from its append-only file, which keeps the
+    # last second of writes at risk, can bring a taken one back) and waits behind the backlog.
     orphans = Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=now - orphan_grace())
     for fields in orphans.values_list(*SENT_FIELDS)[:SWEEP_BATCH]:
         run = Sent(*fields)
-        send(run, resume_queue(), since=max(run.heartbeat_at, now - hold))
+        send(run, resume_queue(), since=max(run.heartbeat_at, now - hold), waiting_in=resume_queue())
     # A queued run last sent longer ago than a send takes (or never: the broker was down), or whose
     # message a worker took longer ago than a live worker needs to claim it. One sent before goes to
     # `resume`: it already waited its turn once.

@@ -93,6 +93,19 @@ def test_a_running_run_whose_process_died_is_sent_once_to_the_resume_queue(broke
     assert requeue_stalled_runs() == []
 
 
+def test_a_running_run_whose_stale_message_is_back_on_the_runs_queue_is_sent_ahead_of_the_backlog(broker):
+    # A broker restarted from its append-only file (the last second of writes at risk) can bring
+    # back a message a worker had taken. Behind a backlog on `runs`, it once kept a run whose worker
+    # died waiting 108 s: for a running run only a message on `resume` counts as on its way.
+    grace = orphan_grace().total_seconds()
+    run = make_run(broker, status=RunStatus.RUNNING, heartbeat_age_s=grace + 1, sent_age_s=60)
+    run_workflow.apply_async((run.pk,))  # the stale copy, on `runs`
+
+    assert requeue_stalled_runs() == [run.pk]
+    assert resumed(broker) == [run.pk]
+    assert requeue_stalled_runs() == []
+
+
 def test_housekeeping_has_a_queue_of_its_own_that_runs_workers_take_first():
     from conductor_web.celery import app, worker_command
 
