@@ -24,7 +24,7 @@ from audit.services import Actor
 from routing.models import ConductorVersion
 from routing.services import conductor_active
 
-from . import limits, services
+from . import durations, limits, services
 from .itemsets.selectors import split_ids
 from .models import FINISHED, Dataset, Evaluation, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
@@ -251,11 +251,17 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
     def get_queryset(self):
         return Evaluation.objects.select_related("candidate", "baseline", "created_by", "item_set_version")
 
+    def _detail(self, evaluation: Evaluation, **kwargs: Any) -> Response:
+        """One evaluation, with its progress and expected duration (reads only)."""
+        progress = durations.evaluation_progress(evaluation)
+        timing = {"progress": progress, "duration": durations.evaluation_duration(evaluation, progress)}
+        return Response(EvaluationOutput(evaluation, context=timing).data, **kwargs)
+
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         evaluation = self.get_object()
         if evaluation.status not in FINISHED:
             evaluation.results = services.evaluation_summary(evaluation)  # so far; reads only
-        return Response(EvaluationOutput(evaluation).data)
+        return self._detail(evaluation)
 
     @extend_schema(
         request=EvaluationStartInput,
@@ -263,8 +269,8 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
         description="Run the candidate and the baseline (the active conductor by default) on the first "
         "`limit` items of a set's split (`item_set`; the bundled `replay` by default): a limit above the split's items is refused, as are more than "
         f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x 2) per request and a start that would take your "
-        "queued offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their "
-        "estimated cost (200), nothing started.",
+        "queued offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs, their "
+        "estimated cost and expected duration (200), nothing started.",
     )
     def create(self, request: Request) -> Response:
         data = EvaluationStartInput(data=request.data)
@@ -292,8 +298,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
             actor=_actor(request),
             user=request.user,
         )
-        body = EvaluationOutput(self.get_queryset().get(pk=evaluation.pk)).data
-        return Response(body, status=status.HTTP_201_CREATED)
+        return self._detail(self.get_queryset().get(pk=evaluation.pk), status=status.HTTP_201_CREATED)
 
 
 class ConductorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TrainingViewSet):

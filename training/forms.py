@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -24,6 +25,8 @@ from .services import (
     MAX_K,
     MAX_TEMPERATURE,
     ROLLOUT_DEFAULTS,
+    ROLLOUT_TEMPERATURE_HELP,
+    rollout_temperature,
 )
 
 SPLITS = [("train", "train"), ("dev", "dev"), ("test", "test")]
@@ -135,6 +138,11 @@ class JobStartForm(forms.Form):
     )
     lora_learning_rate = _bounded(LORA_LIMITS, LORA_DEFAULTS, "learning_rate", label="Learning rate")
     lora_r = _bounded(LORA_LIMITS, LORA_DEFAULTS, "lora_r", label="LoRA rank r")
+    allow_no_signal = forms.BooleanField(
+        required=False,
+        label="Train even if no group of the dataset carries a learning signal",
+        help_text="Such a job is refused otherwise: every advantage is 0, so it would learn nothing",
+    )
 
     LEARNED_FIELDS = (
         "item_set",
@@ -153,6 +161,7 @@ class JobStartForm(forms.Form):
         "max_completion_length",
         "lora_learning_rate",
         "lora_r",
+        "allow_no_signal",
     )
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -205,7 +214,21 @@ class JobStartForm(forms.Form):
             "max_completion_length": data["max_completion_length"],
             "learning_rate": data["lora_learning_rate"],
             "lora_r": data["lora_r"],
+            "allow_no_signal": data["allow_no_signal"],
         }
+
+
+class TemperatureInput(forms.NumberInput):
+    """The rollout temperature, with each version's default (rollout_temperature) in data-defaults, read
+    when the form is drawn: static/js/training.js shows the chosen version's as the placeholder; the
+    service applies the same default to an empty field."""
+
+    def get_context(self, name: str, value: Any, attrs: dict[str, Any] | None) -> dict[str, Any]:
+        context = super().get_context(name, value, attrs)
+        versions = ConductorVersion.objects.values_list("pk", "backend")
+        defaults = {str(pk): rollout_temperature(backend) for pk, backend in versions}
+        context["widget"]["attrs"]["data-defaults"] = json.dumps(defaults)
+        return context
 
 
 class RolloutsForm(forms.Form):
@@ -234,8 +257,9 @@ class RolloutsForm(forms.Form):
     temperature = forms.FloatField(
         min_value=0.0,
         max_value=MAX_TEMPERATURE,
-        initial=ROLLOUT_DEFAULTS["temperature"],
-        help_text="A trained policy is near-greedy at 1: its samples would all be one workflow",
+        required=False,
+        help_text=ROLLOUT_TEMPERATURE_HELP,
+        widget=TemperatureInput(attrs={"placeholder": "the conductor's default"}),
     )
     max_usd = money_field(
         label="Budget (USD)", help_text="Refused if the estimate is above it (empty: no budget)"

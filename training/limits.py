@@ -8,6 +8,9 @@ pages' "Preview" button, the API's "dry_run") shows the same estimate the start 
 - CONDUCTOR_MAX_QUEUED_RUNS_PER_USER (a setting): the offline runs (rollouts + evaluations) one user
   may have queued or running at once; a start that would go above it is refused.
 
+What a LoRA job's dataset must hold to teach anything is here too: a group with a learning signal
+(unless the job asks for `allow_no_signal`) and at least the prompts one optimizer step takes.
+
 Each check raises django.core.exceptions.ValidationError; the services turn it into a TrainingError.
 """
 
@@ -23,6 +26,9 @@ from django.db.models import Q
 
 from routing.estimates import mean_cost
 from routing.models import RUN_ENDED, ConductorVersion, Run
+
+from .durations import Duration
+from .models import Dataset
 
 MAX_ITEMS = 5000  # items one rollout, evaluation or upload may take
 MAX_RUNS_PER_REQUEST = 2000
@@ -62,6 +68,34 @@ def _runs_check(runs: int, how: str) -> int:
             code="too_many_runs",
         )
     return runs
+
+
+def lora_signal_check(dataset: Dataset, allow_no_signal: bool) -> None:
+    """A GRPO job learns from the spread of rewards within a group: on a dataset where every group's
+    samples earned the same, every advantage is 0. Refused unless the job asks for it explicitly (a
+    dataset built before groups with signal were counted is not refused)."""
+    if dataset.teaches_nothing and not allow_no_signal:
+        raise ValidationError(
+            f"{dataset} has no learning signal: {dataset.signal}. Every sample of each group earned the "
+            "same reward, so every advantage is 0 and a GRPO job on it would learn nothing. Sample more per "
+            "item (a larger K), or items the conductor sometimes gets wrong, and build again; or set "
+            "allow_no_signal to train on it anyway.",
+            code="no_learning_signal",
+        )
+
+
+def lora_prompts_check(dataset: Dataset, prompts_per_step: int) -> None:
+    """TRL's GRPO sampler draws whole steps of `prompts_per_step` distinct prompts and drops a partial
+    one: with fewer training prompts than that, the trainer finds no batch and stops at step 0."""
+    prompts = (dataset.counts or {}).get("train")
+    if prompts is not None and prompts < prompts_per_step:
+        raise ValidationError(
+            f"{dataset} has {prompts:,} training prompt{'' if prompts == 1 else 's'}; a step takes "
+            f"prompts_per_step={prompts_per_step} of them, so the trainer would find no full step and "
+            f"stop at step 0. Ask for at most {prompts:,} prompts per step, or build the dataset from more "
+            "items.",
+            code="too_few_prompts",
+        )
 
 
 def evaluation_limit_check(split: str, split_items: int, limit: int) -> None:
@@ -111,20 +145,26 @@ class Estimate:
     runs: int
     usd: Decimal | None
     basis: str
+    duration: Duration | None = None  # an evaluation's: about how long it takes (training.durations)
 
     @property
     def message(self) -> str:
         if self.usd is None:
-            return f"This will start {self.runs:,} runs; no finished runs to estimate the cost from."
-        return f"This will start {self.runs:,} runs, about ${self.usd} (estimated from {self.basis})."
+            said = f"This will start {self.runs:,} runs; no finished runs to estimate the cost from."
+        else:
+            said = f"This will start {self.runs:,} runs, about ${self.usd} (estimated from {self.basis})."
+        return said if self.duration is None else f"{said} {self.duration.message}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "runs": self.runs,
             "estimated_usd": None if self.usd is None else str(self.usd),
             "estimated_from": self.basis,
             "message": self.message,
         }
+        if self.duration is not None:
+            found["expected_duration"] = self.duration.as_dict()
+        return found
 
 
 def estimate(parts: list[tuple[ConductorVersion, int]]) -> Estimate:

@@ -76,7 +76,8 @@ class JobStartInput(serializers.Serializer):
         help_text="The backend's settings; those left out take the defaults (learned: split, limit, "
         "epochs, learning_rate, group_size, cost_penalty_per_usd; llm-lora: base_model_path, max_steps, "
         "num_generations, prompts_per_step, learning_rate, lora_r, max_completion_length, "
-        "cost_penalty_per_usd, format_term, use_vllm, vllm_server_base_url)",
+        "cost_penalty_per_usd, format_term, use_vllm, vllm_server_base_url, allow_no_signal: train on a "
+        "dataset none of whose groups carries a learning signal, refused otherwise)",
     )
 
 
@@ -179,7 +180,9 @@ class RolloutsStartInput(serializers.Serializer):
     k = serializers.IntegerField(
         required=False, default=services.ROLLOUT_DEFAULTS["k"], help_text="Samples per item (the GRPO group)"
     )
-    temperature = serializers.FloatField(required=False, default=services.ROLLOUT_DEFAULTS["temperature"])
+    temperature = serializers.FloatField(
+        required=False, allow_null=True, default=None, help_text=services.ROLLOUT_TEMPERATURE_HELP
+    )
     dry_run = serializers.BooleanField(required=False, default=False, help_text=DRY_RUN_HELP)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +214,33 @@ class EvaluationStartInput(serializers.Serializer):
         return attrs
 
 
+class PlanTimeOutput(serializers.Serializer):
+    version = serializers.CharField()
+    seconds = serializers.FloatField(help_text="Its time per plan")
+    logged_plans = serializers.IntegerField(
+        help_text="The logged plans it is the mean of (0: its kind's default)"
+    )
+
+
+class DurationOutput(serializers.Serializer):
+    """About how long an evaluation takes (training.durations): items x each side's time per plan."""
+
+    seconds = serializers.FloatField(help_text="In all, one run at a time")
+    remaining_seconds = serializers.FloatField(
+        allow_null=True, help_text="Left while it runs (null: it has ended)"
+    )
+    per_plan = PlanTimeOutput(many=True)
+    basis = serializers.CharField(help_text="What the figure is from, in words")
+    message = serializers.CharField()
+
+
+class ProgressOutput(serializers.Serializer):
+    items_done = serializers.IntegerField(help_text="Items whose runs on both sides have ended")
+    items = serializers.IntegerField()
+    runs_done = serializers.IntegerField()
+    runs = serializers.IntegerField()
+
+
 class EstimateOutput(serializers.Serializer):
     """What a start would do (a dry run): nothing was started."""
 
@@ -225,6 +255,7 @@ class EstimateOutput(serializers.Serializer):
     )
     estimated_from = serializers.CharField(help_text="What the estimate is from, in words")
     message = serializers.CharField()
+    expected_duration = DurationOutput(required=False, help_text="An evaluation's: about how long it takes")
 
 
 class PromoteInput(serializers.Serializer):
@@ -258,19 +289,9 @@ class JobListOutput(serializers.ModelSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id",
-            "name",
-            "backend",
-            "dataset",
-            "status",
-            "step",
-            "total_steps",
-            "progress",
-            "candidate",
-            "created_at",
-            "started_at",
-            "finished_at",
-        ]
+            "id", "name", "backend", "dataset", "status", "step", "total_steps", "progress", "candidate",
+            "created_at", "started_at", "finished_at",
+        ]  # fmt: skip
 
 
 class JobDetailOutput(JobListOutput):
@@ -279,15 +300,9 @@ class JobDetailOutput(JobListOutput):
 
     class Meta(JobListOutput.Meta):
         fields = [
-            *JobListOutput.Meta.fields,
-            "options",
-            "cancel_requested",
-            "error",
-            "artifact_path",
-            "deliveries",
-            "created_by",
-            "log_tail",
-        ]
+            *JobListOutput.Meta.fields, "options", "cancel_requested", "error", "artifact_path", "deliveries",
+            "created_by", "log_tail",
+        ]  # fmt: skip
 
     def get_log_tail(self, job: TrainingJob) -> str:
         return job.log[-LOG_TAIL_CHARS:]
@@ -328,19 +343,9 @@ class DatasetDetailOutput(serializers.ModelSerializer):
     class Meta:
         model = Dataset
         fields = [
-            "id",
-            "name",
-            "version",
-            "created_at",
-            "created_by",
-            "filter",
-            "reward_config",
-            "counts",
-            "content_hash",
-            "source_run_ids",
-            "path",
-            "files",
-        ]
+            "id", "name", "version", "created_at", "created_by", "filter", "reward_config", "counts",
+            "content_hash", "source_run_ids", "path", "files",
+        ]  # fmt: skip
 
     @extend_schema_field(DatasetFileOutput(many=True))
     def get_files(self, dataset: Dataset) -> list[dict[str, Any]]:
@@ -405,25 +410,27 @@ class EvaluationOutput(serializers.ModelSerializer):
         "failed, over the `n` runs scored so far; `total` is the side's number of runs (done when "
         "n == total).",
     )
+    progress = serializers.SerializerMethodField(help_text="One evaluation's read only (null in lists)")
+    expected_duration = serializers.SerializerMethodField(
+        help_text="One evaluation's read only (null in lists)"
+    )
 
     class Meta:
         model = Evaluation
         fields = [
-            "id",
-            "candidate",
-            "baseline",
-            "item_set",
-            "item_set_version",
-            "split",
-            "limit",
-            "items",
-            "status",
-            "results",
-            "error",
-            "created_by",
-            "created_at",
-            "finished_at",
-        ]
+            "id", "candidate", "baseline", "item_set", "item_set_version", "split", "limit", "items", "status",
+            "results", "progress", "expected_duration", "error", "created_by", "created_at", "finished_at",
+        ]  # fmt: skip
+
+    @extend_schema_field(ProgressOutput(allow_null=True))
+    def get_progress(self, evaluation: Evaluation) -> dict[str, int] | None:
+        progress = self.context.get("progress")
+        return progress.as_dict() if progress is not None else None
+
+    @extend_schema_field(DurationOutput(allow_null=True))
+    def get_expected_duration(self, evaluation: Evaluation) -> dict[str, Any] | None:
+        duration = self.context.get("duration")
+        return duration.as_dict() if duration is not None else None
 
 
 class ConductorOutput(serializers.ModelSerializer):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import uuid
 from pathlib import Path
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 
 class Cancelled(Exception):
     pass
+
+
+class NothingTrained(Exception):
+    """The trainer returned without taking a single optimizer step: there is nothing to register."""
 
 
 def run_job(job_id: int) -> None:
@@ -245,6 +250,8 @@ def _train_learned(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         )
 
     curve = train(policy, items, config, on_epoch=on_epoch, table=table)
+    if not curve:
+        raise NothingTrained("the policy trained for 0 epochs: nothing was registered")
     fit = _cross_validate(job, actions, items, config)
     _phase(job, "gating: choosing each kind's fallback workflow")
     gate_policy(policy, items, fit)
@@ -345,6 +352,9 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         },
         on_log=lambda step, total, metrics: _lora_progress(job, step, total, metrics),
     )
+    if not result["global_step"]:
+        shutil.rmtree(out, ignore_errors=True)  # an untrained adapter is no candidate
+        raise NothingTrained(_no_step_reason(len(data), o["prompts_per_step"]))
     adapter = {
         "lora_name": job.name,
         "lora_path": str(result["adapter_dir"]),
@@ -361,6 +371,17 @@ def _train_lora(job: TrainingJob) -> tuple[Path, dict[str, Any], str]:
         config = {"model": f"hosted_vllm/{job.name}", "api_base": settings.CONDUCTOR_VLLM_API_BASE, **adapter}
     note = f"TRL GRPO + LoRA (r={o['lora_r']}) for {result['global_step']} steps on {job.dataset}"
     return Path(result["adapter_dir"]), config, note
+
+
+def _no_step_reason(prompts: int, prompts_per_step: int) -> str:
+    """Why a LoRA job took 0 optimizer steps (TRL: "not a single sample in your epoch_iterator"), said on
+    its page: the job fails, and no version is registered."""
+    why = (
+        f"the dataset's {prompts} training prompts are fewer than the {prompts_per_step} a step takes"
+        if prompts < prompts_per_step
+        else "the trainer found no batch to train on"
+    )
+    return f"the trainer took 0 optimizer steps ({why}): nothing was trained, so nothing was registered"
 
 
 def _lora_progress(job: TrainingJob, step: int, total: int, metrics: dict[str, Any]) -> bool:

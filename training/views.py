@@ -31,7 +31,7 @@ from routing.models import ConductorVersion
 from routing.services import conductor_active
 from utilities import params
 
-from . import limits, page_state, services
+from . import durations, limits, page_state, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
 from .itemsets.selectors import split_ids
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
@@ -227,6 +227,7 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
         if row.get("accuracy") is not None and row.get("usd_per_1000") is not None
     ]
     comparison = services.evaluation_comparison(evaluation)
+    progress = durations.evaluation_progress(evaluation)
     can_promote = (
         has_role(request, WRITERS)
         and evaluation.status == JobStatus.SUCCEEDED
@@ -241,6 +242,8 @@ def evaluation_detail(request: HttpRequest, evaluation_id: int) -> HttpResponse:
             "sides": sides,
             "chart": chart,
             "refresh": evaluation.status in (JobStatus.QUEUED, JobStatus.RUNNING),
+            "progress": progress,
+            "duration": durations.evaluation_duration(evaluation, progress),
             "comparison": comparison,
             "item_lists": [("Won", comparison.won, "won"), ("Lost", comparison.lost, "lost")],
             "item_limit": ITEMS_SHOWN,

@@ -16,6 +16,19 @@
     sync();
   }
 
+  // --- The rollouts form: the chosen version's default temperature, as the field's placeholder. ----
+  const version = document.getElementById("id_rollouts-version");
+  const temperature = document.getElementById("id_rollouts-temperature");
+  if (version && temperature && temperature.dataset.defaults) {
+    const defaults = JSON.parse(temperature.dataset.defaults);
+    const show = () => {
+      const value = defaults[version.value];
+      temperature.placeholder = value === undefined ? "the conductor's default" : `default: ${value}`;
+    };
+    version.addEventListener("change", show);
+    show();
+  }
+
   // --- A job's page: progress and curves that grow while it runs. -------------------------------
   const jobData = document.getElementById("job-data");
   if (jobData) {

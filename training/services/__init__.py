@@ -10,10 +10,12 @@ from .common import (
     MAX_TEMPERATURE,
     QUEUED_RUNS_LOCK_NAMESPACE,
     ROLLOUT_DEFAULTS,
+    ROLLOUT_TEMPERATURE_HELP,
     TRAINING_KEY_PREFIX,
     TrainingError,
     check_or_refuse,
     queued_runs_guard,
+    rollout_temperature,
     user_of,
 )
 from .dataset_groups import conductor_prompt
@@ -69,6 +71,7 @@ __all__ = [
     "MAX_K",
     "MAX_TEMPERATURE",
     "ROLLOUT_DEFAULTS",
+    "ROLLOUT_TEMPERATURE_HELP",
     "QUEUED_RUNS_LOCK_NAMESPACE",
     "TRAINING_KEY_PREFIX",
     "TrainingError",
@@ -96,6 +99,7 @@ __all__ = [
     "queued_runs_guard",
     "replay_item_ids",
     "replay_items",
+    "rollout_temperature",
     "rollout_batch_counts",
     "rollout_batch_refresh",
     "rollouts_estimate",

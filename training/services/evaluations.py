@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +17,7 @@ from routing.models import ConductorVersion, Decision, Run, RunStatus
 from routing.services import conductor_active
 
 from .. import limits
+from ..durations import evaluation_duration_estimate
 from ..itemsets.selectors import REPLAY_SET, Resolved, resolve, split_ids
 from ..models import Evaluation, EvaluationRun, JobStatus
 from .adapters import adapter_load
@@ -56,11 +57,13 @@ def evaluation_estimate(
     user: Any = None,
     item_set: str = REPLAY_SET,
 ) -> limits.Estimate:
-    """What evaluation_start would start (runs, estimated cost), checked as it checks; starts nothing."""
+    """What evaluation_start would start (runs, estimated cost and duration), checked as it checks;
+    starts nothing."""
     baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
     found = resolved.items
     check_or_refuse(limits.queued_runs_check, user, len(found) * limits.EVALUATION_SIDES)
-    return limits.estimate([(candidate, len(found)), (baseline, len(found))])
+    cost = limits.estimate([(candidate, len(found)), (baseline, len(found))])
+    return replace(cost, duration=evaluation_duration_estimate(candidate, baseline, len(found)))
 
 
 def evaluation_start(
@@ -131,6 +134,9 @@ def evaluation_start(
                 "item_set": resolved.item_set,
                 "item_set_version": set_version.number if set_version else None,
                 "content_hash": set_version.content_hash if set_version else None,
+                "expected_seconds": round(
+                    evaluation_duration_estimate(candidate, baseline, len(found)).seconds, 1
+                ),
             },
         )
     return evaluation

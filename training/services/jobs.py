@@ -55,6 +55,9 @@ LORA_DEFAULTS = {
     # On a GPU: generate with TRL's vLLM server (`trl vllm-serve`) instead of transformers.
     "use_vllm": False,
     "vllm_server_base_url": "",
+    # Train on a dataset none of whose groups carries a learning signal (training.limits refuses it
+    # otherwise); the start's audit event records the choice with the other options.
+    "allow_no_signal": False,
 }
 
 
@@ -139,9 +142,12 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         )
         try:
             merged["format_term"] = parse_bool(merged["format_term"])
-            merged["use_vllm"] = parse_bool(merged["use_vllm"])
+            merged["use_vllm"] = parse_bool(merged["use_vllm"], "use_vllm")
+            merged["allow_no_signal"] = parse_bool(merged["allow_no_signal"], "allow_no_signal")
         except ValueError as exc:
             raise TrainingError(str(exc)) from exc
+        check_or_refuse(limits.lora_signal_check, dataset, merged["allow_no_signal"])
+        check_or_refuse(limits.lora_prompts_check, dataset, merged["prompts_per_step"])
         if merged["use_vllm"] and not str(merged["vllm_server_base_url"]).startswith(("http://", "https://")):
             raise TrainingError("use_vllm needs vllm_server_base_url, the address of `trl vllm-serve`")
         return merged

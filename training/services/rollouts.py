@@ -27,9 +27,15 @@ from .common import (
     TrainingError,
     check_or_refuse,
     queued_runs_guard,
+    rollout_temperature,
     user_of,
 )
 from .items import item_task, offline_runs, version_in_use
+
+
+def _temperature(version: ConductorVersion, temperature: float | None) -> float:
+    """The temperature asked for, or the default for the version's kind of conductor."""
+    return rollout_temperature(version.backend) if temperature is None else temperature
 
 
 def _rollouts_checked(item_set: str, items: list[str], k: int, temperature: float) -> Resolved:
@@ -56,12 +62,13 @@ def rollouts_estimate(
     version: ConductorVersion,
     items: list[str],
     k: int,
-    temperature: float,
+    temperature: float | None = None,
     user: Any = None,
     item_set: str = REPLAY_SET,
     survey: bool = False,
 ) -> limits.Estimate:
     """What rollouts_start would start (runs, estimated cost), checked as it checks; starts nothing."""
+    temperature = _temperature(version, temperature)
     found = _rollouts_checked(item_set, items, 1 if survey else k, temperature).items
     if survey:
         return _survey_estimate(found, user)
@@ -89,7 +96,7 @@ def rollouts_start(
     version: ConductorVersion,
     items: list[str],
     k: int,
-    temperature: float,
+    temperature: float | None = None,
     actor: Actor,
     user: Any = None,
     item_set: str = REPLAY_SET,
@@ -97,10 +104,12 @@ def rollouts_start(
     shown_usd: Decimal | None = None,
     max_usd: Decimal | None = None,
 ) -> RolloutBatch:
-    """Sample K workflows per item of `item_set` from `version` at `temperature`; each runs through the
-    engine. `survey`: instead, each worker the item's policy allows answers it once (K is ignored).
-    Refused (nothing written) above training.limits' runs per request or the user's queued runs, when
-    the estimate is not the `shown_usd` a preview showed, or above the budget `max_usd`."""
+    """Sample K workflows per item of `item_set` from `version` at `temperature` (None: the default for
+    its kind of conductor, rollout_temperature); each runs through the engine. `survey`: instead, each
+    worker the item's policy allows answers it once (K is ignored). Refused (nothing written) above
+    training.limits' runs per request or the user's queued runs, when the estimate is not the
+    `shown_usd` a preview showed, or above the budget `max_usd`."""
+    temperature = _temperature(version, temperature)
     if shown_usd is not None or max_usd is not None:
         found_estimate = rollouts_estimate(
             version=version, items=items, k=k, temperature=temperature, item_set=item_set, survey=survey

@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from audit.services import Actor
 from routing import engine
 from routing.models import ConductorVersion, RunStatus
+from training.durations import evaluation_duration, evaluation_progress
 from training.models import EvaluationRun
 from training.services import TrainingError, evaluation_refresh, evaluation_start
 
@@ -44,8 +45,12 @@ class Command(BaseCommand):
             )
         except TrainingError as exc:
             raise CommandError(str(exc)) from exc
+        duration = evaluation_duration(evaluation, evaluation_progress(evaluation))  # as its page says
+        where = "queued" if not o["inline"] else "running here"
+        self.stdout.write(
+            f"evaluation {evaluation.pk} {where}: {len(evaluation.items) * 2} runs. {duration.message}"
+        )
         if not o["inline"]:
-            self.stdout.write(f"evaluation {evaluation.pk} queued: {len(evaluation.items) * 2} runs")
             return
         pending = EvaluationRun.objects.filter(evaluation=evaluation).exclude(
             run__status__in=[RunStatus.SUCCEEDED, RunStatus.FAILED]
