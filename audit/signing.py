@@ -1,11 +1,13 @@
 """The checkpoint signing key: Ed25519, kept in a file outside the database.
 
 In production, mount the key from a secret store and point AUDIT_SIGNING_KEY_FILE at it; only the
-public key needs to be known to whoever verifies. Locally, a key is generated on first use.
+public key needs to be known to whoever verifies. Locally, a key is generated on first use, and its
+public key written beside it (signing-key.pem: signing-key.pub.pem), the file to give auditors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from functools import lru_cache
@@ -37,7 +39,31 @@ def _load(path: str) -> Ed25519PrivateKey:
     key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError(f"{key_path} is not an Ed25519 private key")
+    if settings.AUDIT_SIGNING_KEY_AUTOCREATE:  # a key of ours (not one mounted from a secret store)
+        _public_file_write(_public_path(key_path), public_pem(key.public_key()))
     return key
+
+
+def _public_path(key_path: Path) -> Path:
+    return key_path.with_name(f"{key_path.stem}.pub.pem")
+
+
+def _public_file_write(path: Path, pem: str) -> None:
+    """The public key beside the signing key, for auditors (readable by all), unless it is there: also
+    for a key made before this file was written."""
+    with contextlib.suppress(OSError):  # a folder we may not write: the page and the API still offer it
+        if path.exists() and path.read_text() == pem:
+            return
+        tmp = path.with_name(f"{path.name}.tmp")
+        tmp.write_text(pem)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+
+
+def public_key_file() -> Path:
+    """The public key's file: AUDIT_PUBLIC_KEY_FILE, else the one written beside the signing key."""
+    configured = settings.AUDIT_PUBLIC_KEY_FILE
+    return Path(configured) if configured else _public_path(Path(settings.AUDIT_SIGNING_KEY_FILE))
 
 
 def private_key() -> Ed25519PrivateKey:
@@ -69,9 +95,25 @@ def public_pem(key: Ed25519PublicKey | None = None) -> str:
     )
 
 
-def key_id(key: Ed25519PublicKey | None = None) -> str:
+def fingerprint(key: Ed25519PublicKey | None = None) -> str:
+    """The SHA-256 of the raw public key, in hex: to compare out of band."""
     raw = (key or public_key()).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:16]
+    return hashlib.sha256(raw).hexdigest()
+
+
+def key_id(key: Ed25519PublicKey | None = None) -> str:
+    """The fingerprint's first 16 digits, as each checkpoint names the key that signed it."""
+    return fingerprint(key)[:16]
+
+
+def public_key_offered() -> dict[str, str] | None:
+    """The key verification trusts, as the verify page and the audit API offer it to auditors (None
+    where there is none: no signing key, and none may be made; a file that is not a key)."""
+    try:
+        key = trusted_public_key()
+    except (SigningKeyError, OSError, ValueError):
+        return None
+    return {"pem": public_pem(key), "key_id": key_id(key), "sha256": fingerprint(key)}
 
 
 def sign(message: bytes) -> str:

@@ -13,11 +13,13 @@ from django.http import HttpRequest, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, renderers, serializers, viewsets
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.roles import AUDIT_ROLES
+from audit import signing
 from audit.actions import Action
 from audit.exports import FIELDS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
@@ -167,6 +169,29 @@ class VerifyView(APIView):
                 "problems": [p.sentence() for p in report.problems],
             }
         )
+
+
+class PublicKeyView(APIView):
+    """The public key verification trusts (PEM), with its fingerprint: what `python -m audit.bundle
+    verify --public-key` takes to check a dossier bundle. Compare `key_id` with each checkpoint's."""
+
+    required_roles = READ
+
+    @extend_schema(
+        responses=inline_serializer(
+            "AuditPublicKey",
+            {
+                "pem": serializers.CharField(help_text="The Ed25519 public key, PEM (SubjectPublicKeyInfo)"),
+                "key_id": serializers.CharField(help_text="As each signed checkpoint names its key"),
+                "sha256": serializers.CharField(help_text="SHA-256 of the raw key, hex"),
+            },
+        )
+    )
+    def get(self, request: Request) -> Response:
+        offered = signing.public_key_offered()
+        if offered is None:
+            raise NotFound("no audit signing key yet")
+        return Response(offered)
 
 
 def record(request: HttpRequest, action: str, payload: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ log_patterns = [
     path("export.csv", api.EventExportCsvView.as_view(), name="export-csv"),
     path("policies/", api.PolicyReportView.as_view(), name="policies"),
     path("verify/", api.VerifyView.as_view(), name="verify"),
+    path("public-key/", api.PublicKeyView.as_view(), name="public-key"),
 ]
 
 task_patterns = [

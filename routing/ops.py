@@ -30,6 +30,7 @@ from django.utils.dateparse import parse_datetime
 from kombu.exceptions import ChannelError, OperationalError
 
 from . import presence, rollups
+from .local_server import BUILD_TIME, state_reason
 from .models import Attempt, OpsRollup, Run, RunStatus, StopReason
 
 
@@ -422,7 +423,7 @@ def workers_alive() -> list[str]:
 
 # What the local model's state file says (conductor_web.local_model writes it), as the overview shows it.
 LOCAL_MODEL_STATES = {
-    "installing": "its server is built once (about 6 minutes on 2 cores); the replay pool answers the "
+    "installing": f"its server is built once per machine ({BUILD_TIME}); the replay pool answers the "
     "recorded benchmark items meanwhile, and free text waits for it",
     "starting": "its server is loading the model",
     "up": "free text goes to it",
@@ -444,5 +445,6 @@ def local_model_state() -> dict[str, Any] | None:
         "text": LOCAL_MODEL_STATES[record["state"]],
         "since": parse_datetime(str(record.get("since") or "")),
         "api_base": str(record.get("api_base") or ""),
-        "reason": str(record.get("reason") or ""),
+        "step": str(record.get("step") or "") if record["state"] == "installing" else "",
+        "reason": state_reason(record),
     }

@@ -9,18 +9,30 @@ from typing import Any
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.contrib.postgres.search import SearchQuery
 from django.db.models import DurationField, F, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, Step, StepStatus, Task, Worker
 
 ANSWERING_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY)  # the runs that set a task's status and answer
 
 
-def final_worker(**runs: Any) -> Subquery:
+def final_worker(field: str = "worker_slug", **runs: Any) -> Subquery:
     """The worker that gave the final answer of the runs selected by `runs` (lookups on Step), as an
     expression: the last step to succeed that is not the conductor's own. A conductor step only
-    passes on the answer of the nested plan it wrote; the worker that wrote that answer is the one."""
+    passes on the answer of the nested plan it wrote; the worker that wrote that answer is the one.
+    `field`: what of that step (its worker's slug, or e.g. `worker__weak`)."""
     steps = Step.objects.filter(status=StepStatus.SUCCEEDED, **runs).exclude(worker_slug=CONDUCTOR_SLUG)
-    return Subquery(steps.order_by("-finished_at", "-id").values("worker_slug")[:1])
+    return Subquery(steps.order_by("-finished_at", "-id").values(field)[:1])
+
+
+def with_final_worker(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """`tasks` with the worker that gave each one's final answer (`final_worker`, its slug) and whether
+    that worker is marked weak (`final_answer_weak`): such an answer is labelled so wherever it is shown."""
+    answering = {"run__task": OuterRef("pk"), "run__kind__in": ANSWERING_KINDS}
+    return tasks.annotate(
+        final_worker=final_worker(**answering),
+        final_answer_weak=Coalesce(final_worker("worker__weak", **answering), False),
+    )
 
 
 def task_list() -> QuerySet[Task]:
@@ -29,9 +41,9 @@ def task_list() -> QuerySet[Task]:
 
 
 def with_answerers(tasks: QuerySet[Task]) -> QuerySet[Task]:
-    """`tasks` with the columns of the task list's page: the final worker, the vendors that received
-    their live runs' steps, and how long the last answering run ran, from its start to its end (the
-    task's latency_s also counts the time queued). Subqueries, run for the rows of one page only."""
+    """`tasks` with the columns of the task list's page: the final worker (weak or not), the vendors that
+    received their live runs' steps, and how long the last answering run ran, from its start to its end
+    (the task's latency_s also counts the time queued). Subqueries, run for the rows of one page only."""
     vendors = (
         Step.objects.filter(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS)
         .exclude(vendor="")
@@ -40,8 +52,7 @@ def with_answerers(tasks: QuerySet[Task]) -> QuerySet[Task]:
         .annotate(names=ArrayAgg("vendor", distinct=True, order_by="vendor"))
         .values("names")
     )
-    return tasks.annotate(
-        final_worker=final_worker(run__task=OuterRef("pk"), run__kind__in=ANSWERING_KINDS),
+    return with_final_worker(tasks).annotate(
         vendors=Subquery(vendors),
         ran=Subquery(
             Run.objects.filter(task=OuterRef("pk"), kind__in=ANSWERING_KINDS, finished_at__isnull=False)
@@ -99,7 +110,8 @@ def run_detail_queryset() -> QuerySet[Run]:
 
 
 def task_detail(*, task_id) -> Task:
-    return Task.objects.prefetch_related(Prefetch("runs", queryset=run_detail_queryset())).get(pk=task_id)
+    tasks = with_final_worker(Task.objects.all())
+    return tasks.prefetch_related(Prefetch("runs", queryset=run_detail_queryset())).get(pk=task_id)
 
 
 def attempt_list() -> QuerySet[Attempt]:

@@ -167,7 +167,20 @@ class RunOutput(serializers.ModelSerializer):
         return head or 0
 
 
-class TaskListOutput(serializers.ModelSerializer):
+class FinalWorkerFields(serializers.Serializer):
+    """Who gave a task's final answer, and whether to trust it less: the annotations of
+    routing.selectors.with_final_worker."""
+
+    final_worker = serializers.CharField(
+        read_only=True, allow_null=True, help_text="The worker that gave the final answer (its slug)"
+    )
+    final_answer_weak = serializers.BooleanField(
+        read_only=True,
+        help_text="The final answer is a weak worker's (a demo-grade model, such as the local 135M one)",
+    )
+
+
+class TaskListOutput(FinalWorkerFields, serializers.ModelSerializer):
     class Meta:
         model = Task
         fields = [
@@ -175,6 +188,8 @@ class TaskListOutput(serializers.ModelSerializer):
             "text",
             "classification",
             "status",
+            "final_worker",
+            "final_answer_weak",
             "score",
             "cost_usd",
             "input_tokens",
@@ -186,7 +201,7 @@ class TaskListOutput(serializers.ModelSerializer):
         ]
 
 
-class TaskDetailOutput(serializers.ModelSerializer):
+class TaskDetailOutput(FinalWorkerFields, serializers.ModelSerializer):
     runs = RunOutput(many=True, read_only=True)
 
     class Meta:
@@ -206,6 +221,8 @@ class TaskDetailOutput(serializers.ModelSerializer):
             "source",
             "status",
             "final_answer",
+            "final_worker",
+            "final_answer_weak",
             "score",
             "error",
             "cost_usd",
@@ -234,6 +251,7 @@ class WorkerOutput(serializers.ModelSerializer):
             "enabled",
             "data_classes",
             "description",
+            "weak",
         ]
 
 

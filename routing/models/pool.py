@@ -65,6 +65,10 @@ class Worker(models.Model):
         help_text="Classifications of data this worker may receive",
     )
     description = models.TextField(blank=True, help_text="Shown to the conductor when it picks workers")
+    weak = models.BooleanField(
+        default=False,
+        help_text="A demo-grade model (the local 135M one): its answers are labelled weak wherever they are shown",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -83,8 +83,9 @@ def start_demo(transactional_db, tmp_path):
     }
     demos: list[Demo] = []
 
-    def start(*, count: int = 0, busy: bool = False) -> Demo:
-        """busy: a worker is in the middle of a run (its warm shutdown would wait minutes for it)."""
+    def start(*, count: int = 0, busy: bool = False, local_model: bool = False) -> Demo:
+        """busy: a worker is in the middle of a run (its warm shutdown would wait minutes for it).
+        local_model: the demo brings up the local model too (its server found already answering)."""
         port = _free_port()
         output = tmp_path / f"demo-{len(demos)}.out"
         with open(output, "wb") as out:
@@ -93,7 +94,7 @@ def start_demo(transactional_db, tmp_path):
                 [sys.executable, "manage.py", "demo", "--count", str(count), "--port", str(port)]
                 + ["--concurrency", "1", "--grace", str(GRACE_S)]
                 # The local model's server outlives a demo, as PostgreSQL and Redis do: tested below.
-                + ["--no-local-model"],
+                + ([] if local_model else ["--no-local-model"]),
                 cwd=ROOT,
                 env={**env, "CONDUCTOR_REPLAY_LATENCY_S": "300"} if busy else env,
                 stdin=subprocess.DEVNULL,
@@ -168,6 +169,20 @@ def test_sigterm_stops_web_workers_and_beat(start_demo):
 
     demo.proc.send_signal(signal.SIGTERM)  # `kill PID`, or make passing on its own SIGTERM
 
+    demo.proc.wait(GRACE_S + 30)
+    _assert_all_stopped(demo)
+
+
+def test_the_demo_says_when_the_local_model_is_up_and_free_text_works(start_demo, local_model_server):
+    demo = start_demo(local_model=True)
+
+    wait_for(lambda: "Local model up at" in demo.log(), timeout=120, what="the local model to be said up")
+    log = demo.log()
+    assert "Local model (SmolLM2-135M on llama.cpp's server): coming up in the background" in log
+    assert log.index("coming up in the background") < log.index("Local model up at")
+    assert f"Local model up at {local_model_server} after " in log
+    assert "free text works now (worker smollm2-135m-local; its answers are labelled weak)." in log
+    demo.proc.send_signal(signal.SIGTERM)
     demo.proc.wait(GRACE_S + 30)
     _assert_all_stopped(demo)
 

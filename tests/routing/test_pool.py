@@ -350,7 +350,7 @@ def test_admin_save_writes_an_audit_event_with_the_user_as_actor(admin_client_fo
     # The full form, as a browser sends it (an unchecked checkbox sends nothing).
     assert b'name="initial-data_classes"' in page.content
     rendered = {bf.html_name for bf in page.context["adminform"].form} | {"initial-data_classes"}
-    assert set(worker_form_data(worker)) - {"_save"} == rendered - {"self_hosted"}
+    assert set(worker_form_data(worker)) - {"_save"} == rendered - {"self_hosted", "weak"}
 
     response = client.post(url, worker_form_data(worker, vendor="azure", input_usd_per_mtok="0.2"))
 

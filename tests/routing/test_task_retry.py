@@ -82,6 +82,18 @@ def test_the_api_retries_a_failed_task_and_refuses_one_that_has_not_failed(faile
         ),
         ({"state": "up", "api_base": "http://127.0.0.1:8089/v1"}, "free text goes to it"),
         ({"state": "failed", "reason": "the server exited with status 1"}, "the server exited with status 1"),
+        # A failed pip's message ends with a period of its own: the sentence after it gets none more.
+        (
+            {
+                "state": "failed",
+                "reason": "CalledProcessError: Command 'pip' returned non-zero exit status 1.",
+            },
+            "returned non-zero exit status 1. <code>manage.py local_model up</code> brings it back",
+        ),
+        (
+            {"state": "installing", "step": "building llama.cpp's server once for this machine"},
+            "free text waits for it. Now building llama.cpp&#x27;s server once for this machine",
+        ),
     ],
 )
 def test_the_overview_says_how_far_the_local_model_is(state, shown, settings, tmp_path, make_user):
@@ -95,3 +107,4 @@ def test_the_overview_says_how_far_the_local_model_is(state, shown, settings, tm
 
     assert f'id="ops-local-model" data-state="{state["state"]}"' in html
     assert shown in html
+    assert ".." not in html.split('id="ops-local-model"')[1].split("</section>")[0]

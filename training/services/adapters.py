@@ -45,7 +45,11 @@ def _vllm_load(version: ConductorVersion) -> dict[str, Any]:
     config = version.config
     base = str(config.get("api_base") or "").rstrip("/")
     if not base:
-        raise TrainingError(f"{version.name} has a LoRA adapter but no api_base to load it into")
+        raise TrainingError(
+            f"{version.name} has a LoRA adapter for a vLLM server but no api_base to load it into: set "
+            "CONDUCTOR_VLLM_API_BASE to the vLLM server's OpenAI API (e.g. http://vllm:8000/v1) for the "
+            "versions trained next, and this version's api_base on the admin site"
+        )
     url = (base if base.endswith("/v1") else base + "/v1") + "/load_lora_adapter"
     body = {"lora_name": config.get("lora_name") or version.name, "lora_path": config["lora_path"]}
     try:

@@ -18,6 +18,7 @@ from django.db.models import Avg, Count, Sum
 
 from conductor_web import embedded
 from conductor_web.celery import beat_command, worker_command
+from conductor_web.local_model_progress import LocalModelProgress, started_line
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
 
 # Started with the others, but done once it has done its work: its end is no failure of the demo.
@@ -34,6 +35,7 @@ class Command(BaseCommand):
     hurry = False  # a second one: SIGKILL now instead of waiting for the grace period
     deferring = False  # starting a service: a stop waits until it is recorded, so that it is stopped too
     stop_requested = False
+    local_model: tuple[subprocess.Popen, LocalModelProgress] | None = None  # brought up in the background
 
     def add_arguments(self, parser):
         parser.add_argument("--count", type=int, default=30, help="replay tasks to submit")
@@ -154,6 +156,10 @@ class Command(BaseCommand):
             if self.stop_requested:
                 self.stopping = True
                 raise KeyboardInterrupt
+        if "local-model" in procs:
+            log_path = log_dir / "local-model.log"
+            self.local_model = (procs["local-model"], LocalModelProgress(settings.VAR_DIR, log_path=log_path))
+            self.stdout.write(started_line(log_path))
         started = time.monotonic()
         before = set(Task.objects.values_list("pk", flat=True))
         call_command("submit_replay_batch", split=o["split"], count=o["count"], prefix="demo", verbosity=0)
@@ -171,7 +177,10 @@ class Command(BaseCommand):
         if o["exit"]:
             return
         self.stdout.write("Serving; press Ctrl-C to stop.")
+        if self.local_model and not self.local_model[1].done:
+            self.stdout.write("Free text waits for the local model: this terminal says when it is up.")
         while True:
+            self._local_model_news()
             for name, proc in procs.items():
                 if name in ONE_SHOT:
                     proc.poll()  # reaped once it ends: no zombie left behind
@@ -181,6 +190,13 @@ class Command(BaseCommand):
                         f"{name} stopped (exit status {proc.returncode}); see {log_dir / (name + '.log')}"
                     )
             time.sleep(1)
+
+    def _local_model_news(self) -> None:
+        """How far the local model is, when that changed (or a step lasts): printed as it happens."""
+        if self.local_model is not None:
+            proc, progress = self.local_model
+            for line in progress.news(proc.poll()):
+                self.stdout.write(line)
 
     def _learned_default(self) -> None:
         """The learned conductor is the default: trained on the replay pool's train split on first run."""
@@ -227,6 +243,7 @@ class Command(BaseCommand):
                 last = done
             if done == total:
                 return
+            self._local_model_news()
             time.sleep(0.5)
         self.stderr.write(f"the batch did not finish within {timeout:.0f}s; see var/log/worker.log")
 

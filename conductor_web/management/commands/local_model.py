@@ -10,10 +10,10 @@ from routing.local_model import local_model_register
 
 class Command(BaseCommand):
     help = (
-        "The local model (SmolLM2-135M-Instruct on llama.cpp's server, under ./var): `up` installs it when it "
-        "is missing (the server's wheel is built once and kept in var/wheels), starts its server unless it "
-        "answers, and registers it as a worker (vendor local, $0) and as an llm conductor; `status` and "
-        "`stop` say and stop. `manage.py services stop` stops it too."
+        "The local model (SmolLM2-135M-Instruct on llama.cpp's server, under ./var): `up` installs it when "
+        "it is missing (the server's wheel is built once per machine and kept in the user's cache folder), "
+        "starts its server unless it answers, and registers it as a worker (vendor local, $0, weak) and as "
+        "an llm conductor; `status` and `stop` say and stop. `manage.py services stop` stops it too."
     )
 
     def add_arguments(self, parser):
@@ -37,7 +37,11 @@ class Command(BaseCommand):
                 if options["no_install"]:
                     raise local_model.LocalModelError("the local model is not installed")
                 local_model.state_write(var_dir, "installing")
-                local_model.install(var_dir, log=sys.stdout)
+                local_model.install(
+                    var_dir,
+                    log=sys.stdout,
+                    progress=lambda step: local_model.state_write(var_dir, "installing", step=step),
+                )
             api_base = local_model.start(var_dir, port=settings.LOCAL_MODEL_PORT)
         except (local_model.LocalModelError, OSError) as exc:
             local_model.state_write(var_dir, "failed", reason=str(exc))
