@@ -453,8 +453,8 @@ per call lost in flight; resume latency runs from a kill to the run's `run.resum
 {rows}
 
 Where resume time goes. After a pool process is killed, its worker waits at most
-`CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue and records
-the send (so the sweep does not send it too). After a whole worker is killed nobody is left to send
+`CONDUCTOR_WORKER_LOST_WAIT_S` (2 s) for a result, then sends the run to the `resume` queue, where
+the sweep finds its message and leaves it. After a whole worker is killed nobody is left to send
 it: the sweep (every `CONDUCTOR_RESUME_SWEEP_S`, 3 s, on the `maintenance` queue) sees the worker's
 presence lock gone with its main process and sends the run once its heartbeat is
 `CONDUCTOR_HEARTBEAT_S` (2 s) old; it then waits for a worker to take it (here, the one the harness
