@@ -6,6 +6,11 @@
   characters, never a database error.
 - A page that raises utilities.params.InvalidParameter (a filter it cannot apply) renders the reason
   with the status 400. The REST API answers those itself (they are DRF parse errors).
+- A GET (or HEAD) whose query holds a parameter the page or endpoint never asked for (a misspelt
+  filter, one another page reads) is refused the same way, naming it (utilities.params.AskedQuery):
+  its answer is replaced by the 400 before it is sent. A GET changes nothing but the audit record of
+  who viewed or exported what, so only such an event, written by the view, outlives the refusal. The
+  admin site, which reads its changelist's query whole, is left to Django.
 
 Django decodes form bodies leniently: percent-escapes of invalid bytes become U+FFFD, raw non-ASCII
 bytes are read as Latin-1, and multipart fields are decoded with errors="replace". A task submitted
@@ -25,11 +30,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.template.response import TemplateResponse
 
-from utilities.params import InvalidParameter
+from utilities.params import AskedQuery, InvalidParameter, unknown_message
 
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 METHODS_WITH_BODY = {"POST", "PUT", "PATCH", "DELETE"}
+READS = {"GET", "HEAD"}
+UNCHECKED_NAMESPACES = {"admin"}  # Django's admin site reads its changelist's query whole
 REPLACEMENT = "\ufffd"
 
 
@@ -129,6 +136,13 @@ def bad_request(request: HttpRequest, message: str, status: int = 400) -> HttpRe
     return response.render()
 
 
+def _answered_from_its_query(request: HttpRequest, response: HttpResponse) -> bool:
+    """An answer (2xx: not a redirect, such as the login page's, nor an error) of a view held to the
+    query rule."""
+    match = getattr(request, "resolver_match", None)
+    return 200 <= response.status_code < 300 and not (match and match.namespace in UNCHECKED_NAMESPACES)
+
+
 class BadRequestMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -137,7 +151,17 @@ class BadRequestMiddleware:
         problem = query_string_problem(request.META.get("QUERY_STRING", "")) or body_problem(request)
         if problem:
             return bad_request(request, problem)
-        return self.get_response(request)
+        if request.method not in READS or not request.GET:
+            return self.get_response(request)
+        query = request.GET if isinstance(request.GET, AskedQuery) else AskedQuery.of(request.GET)
+        request.GET = query
+        response = self.get_response(request)
+        unknown = query.unasked() if _answered_from_its_query(request, response) else []
+        if unknown:
+            # The view's answer is dropped unsent (a streamed export's generator never starts); not
+            # closed here: close() signals the request's end, and Django closes its database connection.
+            return bad_request(request, unknown_message(unknown, query.asked, request.path))
+        return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if isinstance(exception, InvalidParameter):

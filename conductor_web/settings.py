@@ -363,7 +363,9 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Conductor Web API",
-    "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs; train, evaluate and promote conductors.",
+    "DESCRIPTION": "Submit tasks, read routing decisions, steps, attempts and costs; train, evaluate and promote "
+    "conductors. A query parameter is applied or refused, never ignored: a bad value, or a parameter the "
+    "operation does not read (its filters, cursor, page_size, format), answers 400 naming it.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["accounts.roles.HasRole"],

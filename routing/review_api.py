@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from accounts.roles import EVERYONE
 from utilities import params
-from utilities.filters import RuleFilter, StrictFilterSet, choice
+from utilities.filters import RuleFilter, StrictFilterSet, choice, moment
 from utilities.pagination import StrictCursorPagination
 
 from . import review
@@ -44,6 +44,10 @@ class AnnotationFilter(StrictFilterSet):
     task = RuleFilter(params.uuid, field_name="run__task_id")
     verdict = choice(Annotation.Verdict.values)
     label = RuleFilter(params.text)
+    since = moment(field_name="created_at", lookup_expr="gte", label="recorded at or after (a zone, or UTC)")
+    until = moment(
+        end=True, field_name="created_at", lookup_expr="lt", label="recorded before (a zone, or UTC)"
+    )
 
     class Meta:
         model = Annotation

@@ -4,6 +4,12 @@ A filter a reader asked for is either applied or refused with a reason (`Invalid
 never dropped, because an auditor shown an unfiltered list under a filter's name is misled. Pages
 render the reason (conductor_web.middleware), the REST API answers `{"detail": ...}` (it is a DRF
 ParseError). This module sits in the bottom package so that every app can use it.
+
+A parameter no page or endpoint reads is refused the same way: a GET's query is an `AskedQuery`,
+which notes each name the view asks for (present or not); one it holds that was never asked for is
+unknown, and the middleware answers 400 naming it (`unknown_message`) instead of the view's answer.
+What a view reads is what it accepts: pagination (`cursor`, `page_size`) and the API's `format` pass
+where a list or endpoint reads them, and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, time
+from typing import Any
 from uuid import UUID
 
+from django.http import QueryDict
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 from rest_framework.exceptions import ParseError
@@ -29,6 +37,55 @@ class InvalidParameter(ParseError):
     def __init__(self, name: str, message: str):
         self.name = name
         super().__init__(f"{name}: {message}")
+
+
+class AskedQuery(QueryDict):
+    """request.GET that notes the names the view asked for (get, [], getlist, `in`), present or not.
+    A copy is a new query (QueryDict.copy): what is read from it is not asked of this one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.asked: set[str] = set()  # QueryDict's own __init__ asks while filling itself
+        super().__init__(*args, **kwargs)
+        self.asked = set()
+
+    @classmethod
+    def of(cls, query: QueryDict) -> AskedQuery:
+        """The same names and values as `query` (as Django decoded them), read-only."""
+        asked = cls(mutable=True, encoding=query.encoding)
+        for name, values in query.lists():
+            asked.setlist(name, values)
+        asked._mutable = False
+        asked.asked = set()
+        return asked
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.asked.add(key)
+        return super().__getitem__(key)
+
+    def getlist(self, key, default=None):
+        self.asked.add(key)
+        return super().getlist(key, default)
+
+    def __contains__(self, key):
+        self.asked.add(key)
+        return super().__contains__(key)
+
+    def unasked(self) -> list[str]:
+        """The names this query holds that the view never asked for, sorted."""
+        return sorted(set(self.keys()) - self.asked)
+
+
+def unknown_message(names: list[str], read: Iterable[str], path: str) -> str:
+    """Why a query with parameters that `path` does not read is refused: their names, and what it reads."""
+    shown = ", ".join(repr(n if len(n) <= 60 else n[:60] + "\u2026") for n in names)
+    known = sorted(n for n in read if n)
+    noun = "is not a query parameter" if len(names) == 1 else "are not query parameters"
+    reads = f"it reads {', '.join(known)}" if known else "it reads none"
+    return f"{shown} {noun} of {path}; {reads}."
 
 
 def text(params: Mapping[str, str], name: str, *, max_length: int = MAX_TEXT) -> str:

@@ -8,8 +8,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from django.http import QueryDict
 from django.urls import URLPattern, URLResolver, get_resolver
+
+from utilities.params import AskedQuery
 
 IDENTITIES = ("anonymous", "no role", "auditor", "operator", "ML staff", "admin")
 ROLE_OF = {"auditor": "auditor", "operator": "operator", "ML staff": "ml_staff", "admin": "admin"}
@@ -68,40 +69,16 @@ def fill(route: Route, values: dict[str, str]) -> str:
     return "/" + path
 
 
-class RecordingQueryDict(QueryDict):
-    """request.GET that remembers which parameters the view asked for (present or not)."""
-
-    def __init__(self, *args, **kwargs):
-        self.asked: set[str] = set()  # QueryDict's own __init__ asks `in` while filling itself
-        super().__init__(*args, **kwargs)
-        self.asked = set()
-
-    def get(self, key, default=None):
-        self.asked.add(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key):
-        self.asked.add(key)
-        return super().__getitem__(key)
-
-    def getlist(self, key, default=None):
-        self.asked.add(key)
-        return super().getlist(key, default)
-
-    def __contains__(self, key):
-        self.asked.add(key)
-        return super().__contains__(key)
-
-
 class RecordQueryParameters:
-    """Test-only middleware: swaps request.GET for a RecordingQueryDict and hands the names the view
-    asked for back on the response (`response.asked_params`)."""
+    """Test-only middleware: request.GET as the app's own AskedQuery (utilities.params, which the app
+    uses to refuse parameters no view reads), and the names the view asked for (present or not) handed
+    back on the response (`response.asked_params`)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        recording = RecordingQueryDict(request.META.get("QUERY_STRING", ""), encoding=request.encoding)
+        recording = AskedQuery.of(request.GET)
         request.GET = recording
         response = self.get_response(request)
         response.asked_params = recording.asked

@@ -208,6 +208,9 @@ HOSTILE: dict[str, list[str]] = {
     "run id": ["abc", "9" * 40, "-99", "1e9", "0"],
 }
 NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
+# Names no route reads: refused (400, naming them) wherever a GET answers, as a bad value is, never
+# ignored (utilities.params.AskedQuery); `range` and `author` are the ones people tried.
+UNKNOWN_PARAMS = ["zz", "range", "author"]
 # Values a route must accept (200): a valid date, not only invalid ones, reaches the parsing.
 VALID: dict[str, list[str]] = {
     "date": ["2026-01-01", "2026-01-01T10:00", "2026-01-01T10:00:00+02:00"],
@@ -469,6 +472,11 @@ def test_hostile_query_strings_are_refused_with_a_reason(route, record, identiti
             assert response.status_code == 400, f"{path}?{name}={value!r}: {response.status_code}"
     if plain.status_code != 200:
         return  # a route that refuses a GET reads no filter
+    for name in UNKNOWN_PARAMS:
+        response = client.get(_query(path, name, "1"))
+        body = read(response)
+        assert response.status_code == 400, f"{path}?{name}=1 (read by no route): {response.status_code}"
+        assert f"'{name}' is not a query parameter".encode() in body.replace(b"&#x27;", b"'"), body[:300]
     for name in sorted(asked):
         kind = PARAM_KINDS[name]
         for value in HOSTILE[kind]:
