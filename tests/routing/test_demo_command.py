@@ -36,6 +36,15 @@ def _answers(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    """A process's command line, or "" for one that ended or is a zombie meanwhile (the demo starts
+    short-lived children too: the local model's install steps)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -56,7 +65,7 @@ class Demo:
         return self.output.read_text(errors="replace")
 
     def left_running(self) -> list[str]:
-        return [" ".join(p.cmdline()) for p in self.started if _alive(p)]
+        return [line for p in self.started if _alive(p) and (line := _cmdline(p))]
 
 
 def _logged_ready(var_dir: Path) -> bool:
@@ -116,7 +125,7 @@ def start_demo(transactional_db, tmp_path):
 
         wait_for(ready, timeout=240, interval=0.5, what="the demo to serve")
         demo.started = psutil.Process(proc.pid).children(recursive=True)
-        names = " ".join(" ".join(p.cmdline()) for p in demo.started)
+        names = " ".join(_cmdline(p) for p in demo.started)
         assert "daphne" in names and " beat " in names and names.count(" worker ") >= 4, names
         return demo
 
