@@ -13,18 +13,9 @@ from audit.roles import token_create
 from routing import engine, limits, replay
 from routing.models import RunStatus, Step, Task
 from routing.static_rules import DEFAULT_STATIC_RULES
+from tests.routing.test_submission_input import FORM
 
 pytestmark = pytest.mark.django_db
-
-FORM = {
-    "reference": "",
-    "scorer": "auto",
-    "classification": "internal",
-    "max_steps": "4",
-    "max_depth": "1",
-    "max_usd": "0.50",
-    "idempotency_key": "",
-}
 
 
 def long_task(length: int) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import redis
 from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import Role
+from tests.conftest import clear_queues
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +35,13 @@ def api(mira) -> APIClient:
     client = APIClient()
     client.force_authenticate(mira)
     return client
+
+
+@pytest.fixture
+def broker(settings) -> Iterator[redis.Redis]:
+    """The real Redis broker, its queues emptied before and after: no worker takes the messages here."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    clear_queues()
+    yield client
+    clear_queues()
+    client.close()

@@ -16,7 +16,6 @@ from audit.models import AuditEvent
 from routing import engine
 from routing.models import ConductorVersion, Decision
 from routing.services import conductor_active
-from tests.conftest import clear_queues
 from tests.openai_server import Reply
 from training.durations import DEFAULT_PLAN_SECONDS
 from training.models import Evaluation, EvaluationRun
@@ -27,13 +26,6 @@ API = "/api/training/evaluations/"
 ITEMS = 6
 LLM_DEFAULT = DEFAULT_PLAN_SECONDS[ConductorVersion.Backend.LLM]
 STATIC_DEFAULT = DEFAULT_PLAN_SECONDS[ConductorVersion.Backend.STATIC]
-
-
-@pytest.fixture
-def broker():
-    clear_queues()
-    yield
-    clear_queues()
 
 
 @pytest.fixture

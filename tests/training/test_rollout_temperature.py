@@ -14,7 +14,6 @@ from django.urls import reverse
 from audit.models import AuditEvent
 from audit.services import Actor
 from routing.models import ConductorVersion, Run
-from tests.conftest import clear_queues
 from training import services
 from training.forms import RolloutsForm
 from training.models import RolloutBatch
@@ -23,14 +22,6 @@ from training.services import rollouts_estimate, rollouts_start
 pytestmark = pytest.mark.django_db(transaction=True)
 ACTOR = Actor.service("test")
 ITEMS = ["cruxeval-o:crux-test-#1", "gsm8k:gsm8k-main-test-#1000"]
-
-
-@pytest.fixture
-def broker():
-    """The real broker's queues emptied before and after: the runs are queued, no worker takes them."""
-    clear_queues()
-    yield
-    clear_queues()
 
 
 @pytest.fixture

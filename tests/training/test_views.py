@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from audit.services import Actor
 from routing import engine, replay
 from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import conductor_active
-from tests.conftest import clear_queues
 from training import services
 from training.models import (
     Dataset,
@@ -48,16 +46,6 @@ def var_dir(settings, tmp_path) -> Path:
     settings.VAR_DIR = tmp_path / "var"
     settings.VAR_DIR.mkdir()
     return settings.VAR_DIR
-
-
-@pytest.fixture
-def broker(settings) -> Iterator[redis.Redis]:
-    """The real Redis broker, its queues emptied before and after: no worker takes the messages here."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    clear_queues()
-    yield client
-    clear_queues()
-    client.close()
 
 
 def queued(client: redis.Redis, queue: str) -> list[tuple[str, list]]:
