@@ -56,28 +56,6 @@ def _lock_head(chain: str) -> ChainHead:
     return ChainHead.objects.select_for_update().get(chain=chain)
 
 
-# The last head this process wrote or read, per chain: a guess, checked by the statement that uses it.
-_HEADS: dict[str, tuple[int, str]] = {}
-_HEADS_KEPT = 4096
-
-
-def _remember(chain: str, seq: int, hash_: str) -> None:
-    if len(_HEADS) >= _HEADS_KEPT and chain not in _HEADS:
-        _HEADS.clear()  # a bound, not an LRU: a guess lost costs one locked read
-    _HEADS[chain] = (seq, hash_)
-
-
-def guess(chain: str, seq: int, hash_: str) -> None:
-    """A head read without its lock (with a row that names the chain), for the next `plan`: checked by
-    the statement that appends on it, like any head this process remembers."""
-    _remember(chain, seq, hash_)
-
-
-def forget(chain: str) -> None:
-    """Drop this process's guess of the chain's head (the next append reads it under its lock)."""
-    _HEADS.pop(chain, None)
-
-
 def _checked(fields: dict[str, Any]) -> dict[str, Any]:
     try:
         fields["action"] = str(Action(fields["action"]))
@@ -100,25 +78,29 @@ class Planned:
     documents: list[str]
 
 
-def plan(chain: str, events: list[dict[str, Any]], *, lock: bool = False) -> Planned | None:
-    """Events (their fields, as `append` takes them) built on the head this process remembers, or with
-    `lock` on the head read under its lock when it remembers none (then never None). Without `lock`,
-    None when it remembers no head. Its action must be one of audit.actions.Action."""
+def plan(chain: str, events: list[dict[str, Any]], *, head: tuple[int, str] | None = None) -> Planned:
+    """Events (their fields, as `append` takes them) built on `head` (seq, hash): the head the caller
+    assumes, checked by the statement that appends them (`append_text`). Without one, on the head read
+    under its lock (held until the caller's transaction ends). Each action must be one of
+    audit.actions.Action."""
     events = [_checked(dict(fields)) for fields in events]
-    known = _HEADS.get(chain)
-    if known is None:
-        if not lock:
-            return None
-        head = _lock_head(chain)
-        if head.sealed:
-            raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
-        known = (head.seq, head.hash)
-    built, (seq, hash_) = [], known
+    if head is None:
+        head = lock_head(chain)
+    built, (seq, hash_) = [], head
     for fields in events:
         event = _event(chain, seq, hash_, fields)
         built.append(event)
         seq, hash_ = event.seq, event.hash
-    return Planned(chain=chain, expect=known, events=built, documents=[event_document(e) for e in built])
+    return Planned(chain=chain, expect=head, events=built, documents=[event_document(e) for e in built])
+
+
+def lock_head(chain: str) -> tuple[int, str]:
+    """The chain's head (seq, hash), locked until the caller's transaction ends (made first for a new
+    chain). Raises for a sealed chain: no event may be added to it."""
+    head = _lock_head(chain)
+    if head.sealed:
+        raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
+    return head.seq, head.hash
 
 
 # The names of an append's expressions (append_text), for the statements it is part of.
@@ -176,51 +158,29 @@ def append_text(events: int, *, guard: str = "", seal: bool = False) -> tuple[st
     return (head, *inserts)
 
 
-def appended(planned: Planned, ids: list[int], *, sealed: bool = False) -> None:
-    """The planned events were written (with these ids): this process remembers the chain's new head
-    (a chain they sealed takes no more: it forgets it)."""
+def appended(planned: Planned, ids: list[int]) -> None:
+    """The planned events were written, with these ids."""
     for event, pk in zip(planned.events, ids, strict=True):
         event.pk = pk
         event._state.adding = False
-    last = planned.events[-1]
-    if sealed:
-        forget(planned.chain)
-    else:
-        _remember(planned.chain, last.seq, last.hash)
 
 
 def append(*, chain: str, seal: bool = False, **fields: Any) -> AuditEvent:
-    """Append one event to a chain. The caller's transaction holds the chain head until it commits.
-    Its action must be one of audit.actions.Action (stored as the plain string).
-
-    One statement when this process wrote the chain's last event (a run's chain: its engine): the event
-    is built on the head it remembers, and inserted only if the head is still that one, moved in the
-    same statement (which locks it). Anything else (a head another process moved, a rolled-back
-    append, a new chain) takes the head's lock first and builds on what it reads. With `seal`, the
-    event is the chain's last: the same statement seals it (`seal`).
-    """
+    """Append one event to a chain, on its head read under its lock (the caller's transaction holds it
+    until it commits). Its action must be one of audit.actions.Action (stored as the plain string).
+    With `seal`, the event is the chain's last: the same statement seals the chain."""
     planned = plan(chain, [fields])
-    if planned is None or not _insert(planned, seal=seal):
-        forget(chain)
-        planned = plan(chain, [fields], lock=True)
-        assert planned is not None
-        if not _insert(planned, seal=seal):  # the head was locked by this transaction: it cannot have gone
-            raise RuntimeError(f"audit chain {chain} has no head")
-    return planned.events[0]
-
-
-def _insert(planned: Planned, *, seal: bool = False) -> bool:
-    ctes = append_text(len(planned.events), seal=seal)
+    ctes = append_text(1, seal=seal)
     with rows.prepared_cursor() as cursor:
         cursor.execute(
             f"WITH {', '.join(ctes)} SELECT id FROM {event_inserted(0)}",  # noqa: S608 - names, not data
             append_params(planned),
         )
         row = cursor.fetchone()
-    if row is None:
-        return False
-    appended(planned, [row[0]], sealed=seal)
-    return True
+    if row is None:  # pragma: no cover - the head is locked by this transaction: it cannot have moved
+        raise RuntimeError(f"audit chain {chain} has no head")
+    appended(planned, [row[0]])
+    return planned.events[0]
 
 
 # An event appended on whatever head its chain has when the statement runs, its hash made by the
@@ -301,7 +261,6 @@ def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
         if row is not None:
             event.seq, event.hash, event.prev_hash, event.pk = row
             event._state.adding = False
-            _remember(chain, event.seq, event.hash)  # for an `append` of this process after it
             return event
         if attempt == 0:
             _lock_head(chain)  # a new chain (its head made), or a sealed one (raised below)

@@ -28,7 +28,7 @@ errors), `fence` (the claim's check, and the one interface of fast and plain wri
 
 from .calls import WORKER_SYSTEM_PROMPT, build_messages
 from .execute import execute_run
-from .execution import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunExecution, RunStopped
+from .execution import INFRASTRUCTURE_ERRORS, ClaimLost, InfrastructureError, RunExecution, RunStopped
 from .locks import (
     ADVISORY_LOCK_NAMESPACE,
     advisory_lock,
@@ -42,7 +42,7 @@ __all__ = [
     "ADVISORY_LOCK_NAMESPACE",
     "INFRASTRUCTURE_ERRORS",
     "WORKER_SYSTEM_PROMPT",
-    "Fenced",
+    "ClaimLost",
     "InfrastructureError",
     "RunExecution",
     "RunStopped",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,14 +49,18 @@ def last_response_before(step: Step) -> str:
     return previous or ""
 
 
-def build_messages(step: Step, visible: list[Step]) -> list[dict[str, str]]:
-    """Exactly what a worker receives: its instruction and the steps its access list grants."""
+def build_messages(
+    step: Step, visible: list[Step], answers: Mapping[int, str] | None = None
+) -> list[dict[str, str]]:
+    """Exactly what a worker receives: its instruction and the steps its access list grants (their
+    responses; `answers`: by step index, those not yet on their instances)."""
+    answers = answers or {}
     parts = []
     if visible:
         parts.append("Results of earlier steps:")
         for earlier in visible:
             parts.append(
-                f"--- Step {earlier.index} ({earlier.worker_slug})\nInstruction:\n{earlier.instruction}\n\nResponse:\n{earlier.response}"
+                f"--- Step {earlier.index} ({earlier.worker_slug})\nInstruction:\n{earlier.instruction}\n\nResponse:\n{answers.get(earlier.index, earlier.response)}"
             )
         parts.append("--- Your subtask")
     parts.append(step.instruction)

@@ -1,9 +1,8 @@
 """The claim: this process takes a run it holds the lock of. A new claim epoch fences off any process
-that held it before, and the claim's event is written with it.
-
-Two ways to claim, one interface (`claim_run`): a first delivery, on the run as read just before, in
-one statement (the fast path); anything else (a resumed run, with attempts a dead process left in
-flight; a run that moved meanwhile) under the run row's lock (the plain path). Both leave the same rows.
+that held it before; calls a dead process left in flight are recorded as lost; the claim's event is
+written with it. One change (`claimed`), applied compiled at a first delivery (on the run as read
+just before, in one statement) and plainly otherwise (a resumed run, or one that moved meanwhile:
+under its row's lock).
 """
 
 from __future__ import annotations
@@ -21,59 +20,53 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from audit import chain as audit_chain
 from audit import policies, rows
 from audit.actions import Action
-from audit.models import GLOBAL_CHAIN, ChainHead
+from audit.models import ChainHead
 
 from ..models import Attempt, ConductorVersion, Decision, Run, RunStatus, Step, StepStatus, Task
+from ..models.transitions import Change as By
+from ..models.transitions import check_move
+from .changes import Change, Cost, Event, Expect, RowUpdate, moved
 from .execution import Assumed, FirstIds, RunExecution
-from .fence import add_cost, fenced, ids_drawn_sql, one_statement_writes, record_event
-from .statement import Guard, Writes
+from .executor import apply, compiled_writes, ids_drawn_sql, try_compiled
 from .workers import WORKERS_STAMP_SQL
 
 log = logging.getLogger(__name__)
 
-# The ids a first plan's rows take, drawn with the claim's read (fence.next_ids says why they are
+# The ids a first plan's rows take, drawn with the claim's read (executor.next_ids says why they are
 # drawn first): its decision's, and its steps', as many as the task allows up to this many (a plan of
 # more steps, a plan asked again, a nested plan draw theirs when they are recorded).
 IDS_AHEAD = 8
-
-CLAIMED_FIELDS = (
-    "status",
-    "deliveries",
-    "claim_epoch",
-    "worker_host",
-    "worker_pid",
-    "worker_ppid",
-    "heartbeat_at",
-    "started_at",
-)
 
 
 def claim_run(run_id: int) -> RunExecution | None:
     """Claim a run for this process (which holds its lock): a new claim epoch, with its event. None
     when there is nothing to execute (the run is gone, or has ended)."""
-    first = _first_delivery(run_id) if one_statement_writes() else None
+    first = _first_delivery(run_id) if compiled_writes() else None
     if first is not None:
-        execution = _claim_first(first)
-        if execution is not None:
+        execution = RunExecution(
+            run=first.run,
+            assumed=first.assumed,
+            head=first.head,
+            resumed=False,
+            first_ids=first.first_ids,
+        )
+        if try_compiled(execution, functools.partial(claimed, execution.run, [], [], timezone.now())):
             return execution
     return _claim_locked(run_id)
 
 
 @dataclass(frozen=True)
 class FirstDelivery:
-    """A run at its first delivery, read in one statement with what its claim and first plan need:
-    the policy rules' and workers' stamps, its chain's head (if it has one yet), the ids its first
-    plan's rows take, and whether the global chain has a head (its end may seal into it at once)."""
+    """A run at its first delivery, read in one statement with what its claim and first plan need: its
+    totals and the policy rules' and workers' stamps, its chain's head (if it has one yet), and the ids
+    its first plan's rows take."""
 
     run: Run
-    rules_stamp: str
-    workers_stamp: str
+    assumed: Assumed
     head: tuple[int, str] | None
     first_ids: FirstIds
-    global_chain_open: bool
 
 
 def _first_delivery(run_id: int) -> FirstDelivery | None:
@@ -95,14 +88,18 @@ def _first_delivery(run_id: int) -> FirstDelivery | None:
         at += width
     run: Run = read[0]
     run.task, run.conductor_version = read[1:]
-    rules_stamp, workers_stamp, head_seq, head_hash, decision_ids, step_ids, global_open = row[at:]
+    rules_stamp, workers_stamp, head_seq, head_hash, decision_ids, step_ids = row[at:]
     return FirstDelivery(
         run=run,
-        rules_stamp=rules_stamp,
-        workers_stamp=workers_stamp,
+        assumed=Assumed(
+            spent=run.cost_usd,
+            input_tokens=run.input_tokens,
+            output_tokens=run.output_tokens,
+            rules_stamp=rules_stamp,
+            workers_stamp=workers_stamp,
+        ),
         head=(head_seq, head_hash) if head_seq is not None else None,
         first_ids=FirstIds(decision=int(decision_ids[0]), steps=[int(i) for i in step_ids]),
-        global_chain_open=bool(global_open),
     )
 
 
@@ -112,8 +109,7 @@ def _first_delivery_sql() -> str:
         f"SELECT {rows.columns(Run, 'run_')}, {rows.columns(Task, 'task_')}, "  # noqa: S608 - names, not data
         f"{rows.columns(ConductorVersion, 'version_')}, {policies.RULES_STAMP_SQL}, {WORKERS_STAMP_SQL}, "
         f"head.seq, head.hash, {ids_drawn_sql(Decision, '1')}, "
-        f"{ids_drawn_sql(Step, f'LEAST(task_.max_steps, {IDS_AHEAD})')}, "
-        f"EXISTS (SELECT 1 FROM {ChainHead._meta.db_table} WHERE chain = '{GLOBAL_CHAIN}' AND NOT sealed) "
+        f"{ids_drawn_sql(Step, f'LEAST(task_.max_steps, {IDS_AHEAD})')} "
         "FROM routing_run run_ "
         "JOIN routing_task task_ ON task_.id = run_.task_id "
         "JOIN routing_conductorversion version_ ON version_.id = run_.conductor_version_id "
@@ -122,67 +118,61 @@ def _first_delivery_sql() -> str:
     )
 
 
-def _claim_first(first: FirstDelivery) -> RunExecution | None:
-    """The claim of a first delivery in one statement, on the run as read (Guard: its epoch, status,
-    totals and stamps). None, with nothing written, when the run moved meanwhile."""
-    run = first.run
-    assumed = Assumed(
-        spent=run.cost_usd,
-        input_tokens=run.input_tokens,
-        output_tokens=run.output_tokens,
-        rules_stamp=first.rules_stamp,
-        workers_stamp=first.workers_stamp,
-    )
-    if first.head is not None:
-        audit_chain.guess(audit_chain.run_chain(run.correlation_id), *first.head)
-    # The claim's commit does not wait for the WAL's flush (Guard.flush): lost in a crash of the server,
-    # the run is as it was, and is delivered again. What the run does next is recorded by the plan's
-    # statement, whose commit flushes the claim's with it.
-    guard = Guard(assumed, epoch=run.claim_epoch, status=run.status, flush=False)
-    execution = RunExecution(
-        run=run,
-        assumed=assumed,
-        resumed=False,
-        first_ids=first.first_ids,
-        global_chain_open=first.global_chain_open,
-    )
-    _claimed(run, timezone.now())
-    writes = Writes(execution)
-    writes.update(run, **{name: getattr(run, name) for name in CLAIMED_FIELDS})
+def claimed(run: Run, lost: list[Attempt], running: list[Step], now: Any, assumed: Assumed) -> Change:
+    """The claim: the run running under a new epoch (which fences off whatever process held it
+    before), its delivery counted; the calls a dead process left in flight (`lost`) recorded as lost,
+    their estimated cost in the run's totals; its steps left running (`running`) pending again; the
+    task of a live run running; and the claim's event. `run` as read just before."""
+    epoch, deliveries = run.claim_epoch + 1, run.deliveries + 1
+    values = {
+        "status": RunStatus.RUNNING,
+        "deliveries": deliveries,
+        "claim_epoch": epoch,
+        "worker_host": socket.gethostname(),
+        "worker_pid": os.getpid(),
+        "worker_ppid": os.getppid(),
+        "heartbeat_at": now,
+        "started_at": run.started_at or now,
+    }
+    check_move(Run, run.status, RunStatus.RUNNING, By.CLAIM)
+    settled = [attempt_lost(attempt, now) for attempt in lost]
+    updates = [update for update, _ in settled]
+    updates += [moved(step, By.CLAIM, status=StepStatus.PENDING) for step in running]
     if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-        writes.update(run.task, only_if={"status": RunStatus.QUEUED}, status=RunStatus.RUNNING)
-    writes.event(Action.RUN_STARTED, run, _claim_payload(run, lost=[]))
-    return execution if writes.execute(guard=guard) else None
+        updates.append(
+            moved(run.task, By.CLAIM, only_if={"status": RunStatus.QUEUED}, status=RunStatus.RUNNING)
+        )
+    action = Action.RUN_RESUMED if deliveries > 1 else Action.RUN_STARTED
+    payload = claim_payload(run, deliveries=deliveries, epoch=epoch, worker=values, lost=settled)
+    return Change(
+        by=(By.CLAIM,),
+        updates=tuple(updates),
+        events=(Event(action, run, payload),),
+        cost=sum((cost for _, cost in settled), Cost()),
+        run=values,
+        expect=Expect(status=run.status, durable=False),
+    )
 
 
-def _claimed(run: Run, now: Any) -> None:
-    """The run's columns as a claim sets them."""
-    run.status = RunStatus.RUNNING
-    run.deliveries += 1
-    run.claim_epoch += 1  # fences off whatever process held the run before
-    run.worker_host = socket.gethostname()
-    run.worker_pid = os.getpid()
-    run.worker_ppid = os.getppid()
-    run.heartbeat_at = now
-    run.started_at = run.started_at or now
-
-
-def _claim_payload(run: Run, *, lost: list[Attempt]) -> dict[str, Any]:
+def claim_payload(
+    run: Run, *, deliveries: int, epoch: int, worker: dict[str, Any], lost: list[tuple[RowUpdate, Cost]]
+) -> dict[str, Any]:
+    """The payload of run.started and run.resumed."""
     return {
-        "delivery": run.deliveries,
-        "worker_host": run.worker_host,
-        "worker_pid": run.worker_pid,
-        "epoch": run.claim_epoch,
+        "delivery": deliveries,
+        "worker_host": worker["worker_host"],
+        "worker_pid": worker["worker_pid"],
+        "epoch": epoch,
         "lost_attempts": [
             {
-                "step_id": a.step_id,
-                "attempt": a.number,
-                "cost_usd": a.cost_usd,
-                "input_tokens": a.input_tokens,
-                "output_tokens": a.output_tokens,
-                "estimated": a.cost_estimated,
+                "step_id": update.obj.step_id,  # type: ignore[attr-defined]
+                "attempt": update.obj.number,  # type: ignore[attr-defined]
+                "cost_usd": cost.usd,
+                "input_tokens": cost.input_tokens,
+                "output_tokens": cost.output_tokens,
+                "estimated": True,
             }
-            for a in lost
+            for update, cost in lost
         ],
         "conductor": run.conductor_version.name,
     }
@@ -204,30 +194,21 @@ def _claim_locked(run_id: int) -> RunExecution | None:
         if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
             log.info("run %s has already ended; dropping its message", run_id)
             return None
-        resumed = run.deliveries > 0
-        now = timezone.now()
-        _claimed(run, now)
-        run.save(update_fields=list(CLAIMED_FIELDS))
-        execution = RunExecution(run=run, resumed=resumed)
+        execution = RunExecution(run=run, resumed=run.deliveries > 0)
         lost: list[Attempt] = []
-        if resumed:
+        running: list[Step] = []
+        if execution.resumed:
             lost = list(
-                Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related("step")
+                Attempt.objects.filter(step__run=run, status=Attempt.Status.STARTED).select_related(
+                    "step__worker"
+                )
             )
-            for attempt in lost:
-                attempt_lost(run, attempt, now)
-            Step.objects.filter(run=run, status=StepStatus.RUNNING).update(status=StepStatus.PENDING)
-        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-            Task.objects.filter(pk=run.task_id, status=RunStatus.QUEUED).update(status=RunStatus.RUNNING)
-        # The claim's fence reads the rules' and workers' stamps: what the plan is checked against,
-        # and what the run's next writes assume (fence.write_once).
-        with fenced(execution, rules=True):
-            action = Action.RUN_RESUMED if resumed else Action.RUN_STARTED
-            record_event(execution, action, run, _claim_payload(run, lost=lost))
+            running = list(Step.objects.filter(run=run, status=StepStatus.RUNNING))
+        apply(execution, functools.partial(claimed, run, lost, running, timezone.now()))
     return execution
 
 
-def attempt_lost(run: Run, attempt: Attempt, now: Any) -> None:
+def attempt_lost(attempt: Attempt, now: Any) -> tuple[RowUpdate, Cost]:
     """A call in flight when its process died: the provider may have answered and charged for it.
     Its cost is estimated (the prompt as sent, the output at its bound), marked as an estimate, and
     counted in the totals, so that lost calls do not vanish from spend."""
@@ -241,23 +222,18 @@ def attempt_lost(run: Run, attempt: Attempt, now: Any) -> None:
         if step.worker
         else Decimal(0)
     )
-    attempt.status = Attempt.Status.LOST
-    attempt.error = (
-        "the worker process was lost during this call; its outcome is unknown "
-        f"(cost estimated: {input_tokens} prompt tokens, at most {output_tokens} output tokens)"
+    update = moved(
+        attempt,
+        By.CLAIM,
+        status=Attempt.Status.LOST,
+        error=(
+            "the worker process was lost during this call; its outcome is unknown "
+            f"(cost estimated: {input_tokens} prompt tokens, at most {output_tokens} output tokens)"
+        ),
+        finished_at=now,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost_usd=cost,
+        cost_estimated=True,
     )
-    attempt.finished_at = now
-    attempt.input_tokens, attempt.output_tokens, attempt.cost_usd = input_tokens, output_tokens, cost
-    attempt.cost_estimated = True
-    attempt.save(
-        update_fields=[
-            "status",
-            "error",
-            "finished_at",
-            "input_tokens",
-            "output_tokens",
-            "cost_usd",
-            "cost_estimated",
-        ]
-    )
-    add_cost(run, cost=cost, input_tokens=input_tokens, output_tokens=output_tokens)
+    return update, Cost(cost, input_tokens, output_tokens)

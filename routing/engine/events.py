@@ -4,10 +4,10 @@ commit (the task's live watchers, the log)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Model
 
 from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields
@@ -16,6 +16,9 @@ from .. import live, log_context
 from ..models import Run
 from ..signals import run_finished, written_at_end
 from .execution import RunExecution
+
+if TYPE_CHECKING:
+    from .changes import Event
 
 log = logging.getLogger(__name__)
 events_log = logging.getLogger("routing.events")  # a line per engine event: what log platforms join on
@@ -43,18 +46,18 @@ def _heard_after_commit(run: Run, now: Any) -> None:
             )
 
 
-def engine_event_fields(run: Run, events: list[tuple[str, Model, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The fields of the engine's events (action, object, payload) on the run's chain."""
+def engine_event_fields(run: Run, events: Iterable[Event]) -> list[dict[str, Any]]:
+    """The fields of the engine's events on the run's chain."""
     return [
         event_fields(
             actor=ENGINE,
-            action=action,
-            obj=obj,
-            payload=payload,
+            action=event.action,
+            obj=event.obj,
+            payload=dict(event.payload),
             task_id=run.task_id,
             correlation_id=run.correlation_id,
         )
-        for action, obj, payload in events
+        for event in events
     ]
 
 

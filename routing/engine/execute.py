@@ -8,12 +8,12 @@ from .. import log_context
 from ..models import StopReason
 from ..secrets import redact
 from .claim import claim_run
-from .execution import INFRASTRUCTURE_ERRORS, Fenced, InfrastructureError, RunExecution, RunStopped
+from .execution import INFRASTRUCTURE_ERRORS, ClaimLost, InfrastructureError, RunExecution, RunStopped
 from .locks import Keeper, run_lock
 from .planning import ensure_plan
-from .run_end import EndWithLastStep, finish_run
+from .run_end import finish_run, holds_last_step
 from .run_failure import fail_run
-from .schedule import execute_plan
+from .schedule import schedule_steps
 
 log = logging.getLogger(__name__)
 
@@ -29,25 +29,24 @@ def execute_run(run_id: int) -> None:
             if execution is None:
                 return
             with log_context.bound(execution.run), Keeper(lock, execution):
-                _execute(execution)
+                _live(execution)
             lock.release_later = True  # the run ended: its lock goes with the next one taken
-    except Fenced as fenced:
-        log.warning("%s", fenced)
+    except ClaimLost as lost:
+        log.warning("%s", lost)
     except INFRASTRUCTURE_ERRORS as exc:
         raise InfrastructureError(f"run {run_id}: {type(exc).__name__}: {exc}") from exc
 
 
-def _execute(execution: RunExecution) -> None:
+def _live(execution: RunExecution) -> None:
+    """The claimed run's life: its plan, its steps, its end (with its last step's success, in one
+    change, where it can be) or its failure."""
     run = execution.run
     try:
         root = ensure_plan(execution, parent_step=None, depth=0)
-        ending = EndWithLastStep(execution)  # the last step's success and the run's end, one statement
-        last = execute_plan(execution, root, ending=ending)
-        if not ending.ended:
-            finish_run(execution, last=last)
+        finish_run(execution, schedule_steps(execution, root, hold_last=holds_last_step(run)))
     except RunStopped as stop:
         fail_run(execution, str(stop), stop.stop_reason)
-    except (Fenced, *INFRASTRUCTURE_ERRORS):
+    except (ClaimLost, *INFRASTRUCTURE_ERRORS):
         raise  # not the run's failure: nothing may (or can) be written; the next delivery resumes it
     except Exception as exc:
         # A bug: leave a clear failed state rather than a run stuck in "running".

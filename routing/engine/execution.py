@@ -17,7 +17,7 @@ from django import db as django_db
 from ..models import Run
 
 
-class Fenced(Exception):
+class ClaimLost(Exception):
     """This process's claim on the run is no longer current (another process claimed it, or the lock's
     connection died): it must write nothing more and make no more calls."""
 
@@ -41,13 +41,16 @@ class RunStopped(Exception):
 @dataclass(frozen=True)
 class Assumed:
     """The run as this process last read it under the run row's lock: its totals and the stamps of the
-    policy rules and the workers. A one-statement write checks all of it still holds (`Guard`)."""
+    policy rules and the workers. A compiled write checks all of it still holds (executor)."""
 
     spent: Decimal  # the run's cost so far
     input_tokens: int
     output_tokens: int
     rules_stamp: str  # the policy rules' stamp (audit.policies.rules_as_of)
     workers_stamp: str = ""  # the workers' stamp (engine.workers.workers_as_of)
+    # Read under the run row's lock in the transaction the change is built in (its plain form): a
+    # change may then read more of the run (its unsettled steps) than this process remembers.
+    locked: bool = field(default=False, compare=False)
 
     def totals(self) -> dict[str, Any]:
         """The run's totals as its columns name them (cost_usd, input_tokens, output_tokens)."""
@@ -87,27 +90,25 @@ class FirstIds:
 class RunExecution:
     """One run as this process executes it.
 
-    `assumed`: the run as last read under its row's lock (None until the claim, and whenever a write
-    must read it again under the lock). `in_fence`: inside a transaction whose first statement fenced
-    the claim (its events need not fence again). `claim_lost`: set by the lock's keeper when the lock's
+    `assumed`: the run as last read under its row's lock (None until the claim). `head`: the head
+    (seq, hash) of the run's chain as this process last wrote or read it (None when it does not know
+    it: the next write reads it under its lock). `claim_lost`: set by the lock's keeper when the lock's
     connection died. `resumed`: not the run's first delivery (a first has nothing to look up).
-    `first_ids`: drawn with a first delivery's claim. `global_chain_open`: the global chain had a head
-    when the run was claimed (a run's end can seal into it in its own statement).
+    `first_ids`: drawn with a first delivery's claim.
     """
 
     run: Run
     assumed: Assumed | None = None
-    in_fence: bool = False
+    head: tuple[int, str] | None = None
     claim_lost: threading.Event = field(default_factory=threading.Event)
     resumed: bool = True
     first_ids: FirstIds | None = None
-    global_chain_open: bool = False
     log_ids: dict[str, str] | None = None
 
     def claim_current(self) -> None:
         """Before a provider call or a write: stop if the lock's connection was lost (no round trip)."""
         if self.claim_lost.is_set():
-            raise Fenced(f"run {self.run.pk}: the lock's connection was lost; this process stops")
+            raise ClaimLost(f"run {self.run.pk}: the lock's connection was lost; this process stops")
 
     def take_first_ids(self) -> FirstIds | None:
         """The ids drawn with the claim, once: a later plan draws its own."""

@@ -4,7 +4,8 @@ its steps and its event, in one write; a valid plan's first steps start in it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from audit import policies
@@ -12,11 +13,12 @@ from audit.actions import Action
 
 from ..conductors import PlanRequest, Proposal
 from ..models import CONDUCTOR_SLUG, Decision, Step, Worker
+from ..models.transitions import Change as By
 from ..plans import Plan
 from .calls import Call
+from .changes import Change, Cost, Event, inserted
 from .execution import Assumed, RunExecution
-from .fence import next_ids, write_once
-from .statement import Writes
+from .executor import apply, next_ids
 from .step_start import begin_with_plan
 
 
@@ -88,30 +90,39 @@ class PlanAnswer:
 
 def record_plan(execution: RunExecution, answer: PlanAnswer) -> RecordedPlan:
     """The conductor's answer, checked against the policy rules and recorded with its steps and its
-    event, in one write (fence.write_once: on the rules' stamp the write checks). A valid plan's first
-    steps (those that see no other) start in the same write when they may."""
+    event, in one change (`plan_recorded`). A valid plan's first steps (those that see no other)
+    start in the same change when they may."""
     ids = _ids(execution, answer)
-    recorded: list[RecordedPlan] = []
+    return apply(execution, partial(plan_recorded, execution, answer, ids)).result  # type: ignore[no-any-return]
 
-    def stage(assumed: Assumed, writes: Writes) -> None:
-        decision, steps = _rows(execution, answer, ids, policies.rules_as_of(assumed.rules_stamp))
-        writes.insert(decision)
-        for step in steps:
-            writes.insert(step)
-        writes.event(_action(decision), decision, _payload(decision))
-        # The steps that see no other start with the plan: their calls, for execute_plan to send.
-        begun = begin_with_plan(execution, steps, assumed, writes) if decision.valid else {}
-        recorded[:] = [RecordedPlan(decision, steps, begun)]
 
+def plan_recorded(
+    execution: RunExecution, answer: PlanAnswer, ids: tuple[int, list[int]], assumed: Assumed
+) -> Change:
+    """The plan recorded: its decision and steps, checked under the rules as of the write's stamp (the
+    rules as they are when the plan arrives, not as they were when the conductor was asked), its
+    event, the conductor's cost; and its first steps' start (`begin_with_plan`). Its result: the
+    RecordedPlan."""
+    decision, steps = _rows(execution, answer, ids, policies.rules_as_of(assumed.rules_stamp))
     proposal = answer.proposal
-    write_once(
-        execution,
-        stage,
-        cost=proposal.cost_usd,
-        input_tokens=proposal.input_tokens,
-        output_tokens=proposal.output_tokens,
+    change = Change(
+        by=(By.PLAN_RECORDED,),
+        inserts=(decision, *(inserted(step, By.PLAN_RECORDED) for step in steps)),
+        events=(Event(_action(decision), decision, _payload(decision)),),
+        cost=Cost(proposal.cost_usd, proposal.input_tokens, proposal.output_tokens),
     )
-    return recorded[0]
+    begun = (
+        begin_with_plan(
+            execution,
+            steps,
+            assumed.plus(change.cost.usd, change.cost.input_tokens, change.cost.output_tokens),
+        )
+        if decision.valid
+        else None
+    )
+    if begun is None:
+        return replace(change, result=RecordedPlan(decision, steps, {}))
+    return replace(change + begun, result=RecordedPlan(decision, steps, begun.result))
 
 
 def _ids(execution: RunExecution, answer: PlanAnswer) -> tuple[int, list[int]]:

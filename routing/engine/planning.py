@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 
 from audit import policies
 from audit.actions import Action
@@ -24,12 +24,15 @@ from ..models import (
     Task,
     Worker,
 )
+from ..models.transitions import Change as By
 from ..plans import MAX_STEPS, Plan, PlanError, parse_plan
 from ..providers import REPLAY_PROVIDER, ProviderCallError
 from .calls import backoff, last_response_before, visible_steps
-from .execution import RunExecution, RunStopped
-from .fence import known_rules, known_workers, record_event
+from .changes import Change, Event
+from .execution import Assumed, RunExecution, RunStopped
+from .executor import apply
 from .plan_record import PlanAnswer, RecordedPlan, record_plan
+from .workers import workers_as_of
 
 log = logging.getLogger(__name__)
 
@@ -215,21 +218,29 @@ def _propose(execution: RunExecution, conductor: Conductor, request: PlanRequest
             raise RunStopped(str(exc), stop_reason=StopReason.CONDUCTOR_UNAVAILABLE) from exc
         except ProviderCallError as exc:
             made += 1
-            with transaction.atomic():
-                record_event(
-                    execution,
-                    Action.CONDUCTOR_CALL_FAILED,
-                    run,
-                    {
-                        "attempt": made,
-                        "status": exc.status,
-                        "http_status": exc.http_status,
-                        "error": str(exc),
-                    },
-                )
+            apply(execution, partial(conductor_call_failed, run, made, exc))
             if not exc.retryable or made >= settings.CONDUCTOR_PROVIDER_MAX_ATTEMPTS:
                 raise RunStopped(
                     f"the conductor could not be reached after {made} attempt(s): {exc}",
                     stop_reason=StopReason.CONDUCTOR_UNAVAILABLE,
                 ) from exc
             time.sleep(backoff(made, exc.retry_after))
+
+
+def conductor_call_failed(run: Run, attempt: int, exc: ProviderCallError, assumed: Assumed) -> Change:
+    """The conductor's call failed (it is made again, or the run stops: RunStopped)."""
+    payload = {"attempt": attempt, "status": exc.status, "http_status": exc.http_status, "error": str(exc)}
+    return Change(by=(By.CONDUCTOR_CALL_FAILED,), events=(Event(Action.CONDUCTOR_CALL_FAILED, run, payload),))
+
+
+def known_rules(execution: RunExecution) -> list[policies.PolicyRule]:
+    """The policy rules as of the stamp this process last read under the run's lock: read from the
+    database only when they changed since this process last read them."""
+    assumed = execution.assumed
+    return policies.rules_as_of(assumed.rules_stamp) if assumed is not None else policies.active_rules()
+
+
+def known_workers(execution: RunExecution) -> dict[str, Worker]:
+    """The enabled workers by slug, as of the stamp this process last read under the run's lock."""
+    assumed = execution.assumed
+    return workers_as_of(assumed.workers_stamp if assumed is not None else None)

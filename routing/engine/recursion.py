@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
 from django.utils import timezone
 
-from audit.actions import Action
-
-from ..hashing import content_hash
-from ..models import CONDUCTOR_SLUG, Step, StepStatus
+from ..models import Step
 from .calls import last_response_before
 from .execution import RunExecution, RunStopped
-from .fence import record_event
+from .executor import apply
 from .planning import ensure_plan
-from .schedule import execute_plan
-from .step_settle import step_failed
+from .schedule import schedule_steps
+from .step_settle import step_failed, step_succeeded
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +37,15 @@ def execute_conductor_step(execution: RunExecution, step: Step) -> None:
         if stop.stop_reason == "step_budget":
             _step_passed_through(execution, step, note="step budget reached: passed through")
             return
-        step_failed(execution, step, str(stop))
+        _failed(execution, step, str(stop))
         raise
     if not child.decision.plan or not child.decision.plan["steps"]:
         _step_passed_through(execution, step, note="the conductor passed the last response through")
         return
     try:
-        last = execute_plan(execution, child)
+        last = schedule_steps(execution, child).step
     except RunStopped as stop:
-        step_failed(execution, step, str(stop))
+        _failed(execution, step, str(stop))
         raise
     _step_answered(
         execution,
@@ -64,23 +60,8 @@ def _step_passed_through(execution: RunExecution, step: Step, *, note: str) -> N
 
 
 def _step_answered(execution: RunExecution, step: Step, *, response: str, note: str) -> None:
-    now = timezone.now()
-    with transaction.atomic():
-        Step.objects.filter(pk=step.pk).update(
-            status=StepStatus.SUCCEEDED,
-            response=response,
-            note=note,
-            finished_at=now,
-            latency_ms=int((now - step.started_at).total_seconds() * 1000) if step.started_at else None,
-        )
-        record_event(
-            execution,
-            Action.STEP_SUCCEEDED,
-            step,
-            {
-                "index": step.index,
-                "worker": CONDUCTOR_SLUG,
-                "note": note,
-                "response_sha256": content_hash(response),
-            },
-        )
+    apply(execution, lambda assumed: step_succeeded(step, response=response, now=timezone.now(), note=note))
+
+
+def _failed(execution: RunExecution, step: Step, message: str) -> None:
+    apply(execution, lambda assumed: step_failed(step, message))

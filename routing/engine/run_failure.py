@@ -1,91 +1,92 @@
-"""A run stops: its failure, with every step left settled, its chain sealed into the global chain."""
+"""A run stops: its failure, with every step left settled, its chain sealed (its seal pending)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from audit import rows
 from audit.actions import Action
-from audit.services import run_chain_seal
 
-from .. import rollups
 from ..models import Run, RunStatus, Step, StepStatus
+from ..models.transitions import Change as By
+from ..models.transitions import check_move
+from .changes import Change, Event, Expect, RunEnd, moved
 from .events import announce_end
-from .execution import RunExecution
-from .fence import record_event
-from .task_totals import task_ended
+from .execution import Assumed, RunExecution
+from .executor import apply_plainly
+from .step_settle import step_failed
 
 
 def fail_run(execution: RunExecution, message: str, stop_reason: str) -> None:
     """The run failed: one transaction, which run_finished's receivers join."""
-    run = execution.run
     now = timezone.now()
     with transaction.atomic():
-        settle_steps(execution, now, reason=f"the run stopped ({stop_reason}): {message}")
-        Run.objects.filter(pk=run.pk).update(
-            status=RunStatus.FAILED, error=message, stop_reason=stop_reason, finished_at=now, heartbeat_at=now
-        )
-        ended: dict[str, object] = {}
-        if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
-            ended = {"status": RunStatus.FAILED, "error": message, "finished_at": now}
-        task_ended(run.task_id, ended)
-        last_event = record_event(
-            execution,
-            Action.RUN_FAILED,
-            run,
-            {"error": message, "stop_reason": stop_reason},
-            seal=True,
-        )
-        run_chain_seal(run=run, task_id=run.task_id, last=last_event)
-        rollups.run_waits(run.pk)
-        announce_end(run, now)
+        apply_plainly(execution, partial(run_failed, execution, message, stop_reason, now))
+        announce_end(execution.run, now)
 
 
-def settle_steps(execution: RunExecution, now: Any, *, reason: str) -> None:
-    """Every step of an ending run, nested levels included, ends in a terminal state with the reason.
-
-    Call inside the transaction that ends the run, before its chain is sealed. A step that never
-    started is skipped; one left running (an unexpected error stopped the run mid-step) failed. Each
-    change is an engine event, like any other change of a step's state.
-    """
+def run_failed(execution: RunExecution, message: str, stop_reason: str, now: Any, assumed: Assumed) -> Change:
+    """The run failed: its steps settled with it, its row and its task's, its last event (which seals
+    its chain)."""
     run = execution.run
-    with rows.prepared_cursor() as cursor:  # mostly none: a prepared look before the ORM's query
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM routing_step WHERE run_id = %(run_id)s "
-            "AND status IN (%(pending)s, %(running)s))",
-            {"run_id": run.pk, "pending": StepStatus.PENDING, "running": StepStatus.RUNNING},
-        )
-        if not cursor.fetchone()[0]:
-            return
-    unsettled = list(
-        Step.objects.select_for_update(of=("self",))
-        .filter(run=run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])
+    check_move(Run, run.status, RunStatus.FAILED, By.RUN_FAILED)
+    ended: dict[str, Any] = {}
+    if run.kind in (Run.Kind.LIVE, Run.Kind.RETRY):
+        ended = {"status": RunStatus.FAILED, "error": message, "finished_at": now}
+        check_move(type(run.task), run.task.status, RunStatus.FAILED, By.RUN_FAILED)
+    settled = settled_with_run(
+        execution, assumed, now, reason=f"the run stopped ({stop_reason}): {message}", by=By.RUN_FAILED
+    )
+    return settled + Change(
+        by=(By.RUN_FAILED,),
+        events=(Event(Action.RUN_FAILED, run, {"error": message, "stop_reason": stop_reason}),),
+        run={
+            "status": RunStatus.FAILED,
+            "error": message,
+            "stop_reason": stop_reason,
+            "finished_at": now,
+            "heartbeat_at": now,
+        },
+        expect=Expect(settled=True),
+        ends=RunEnd(task=ended, now=now),
+    )
+
+
+def settled_with_run(
+    execution: RunExecution, assumed: Assumed, now: Any, *, reason: str, by: By, but: int | None = None
+) -> Change:
+    """Every step of an ending run, nested levels included, in a terminal state with the reason (but
+    `but`, the one the run's end settles itself): a step that never started is skipped; one left
+    running (an unexpected error stopped the run mid-step) failed; each with its event. Read only
+    under the run's lock (a compiled end expects none: `Expect.settled`)."""
+    if not assumed.locked:
+        return Change(by=(by,))
+    unsettled = (
+        Step.objects.filter(run=execution.run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])
+        .exclude(pk=but)
         .order_by("depth", "decision_id", "index")
     )
+    change = Change(by=(by,))
     for step in unsettled:
         if step.status == StepStatus.PENDING:
-            step.status = StepStatus.SKIPPED
-            step.note = f"not run: {reason}"
-            action = Action.STEP_SKIPPED
+            change = change + step_skipped(step, f"not run: {reason}", by=by, now=now)
         else:
-            step.status = StepStatus.FAILED
-            step.error = f"interrupted: {reason}"
-            action = Action.STEP_FAILED
-        step.finished_at = now
-        step.save(update_fields=["status", "note", "error", "finished_at"])
-        record_event(
-            execution,
-            action,
-            step,
-            {
-                "index": step.index,
-                "depth": step.depth,
-                "worker": step.worker_slug,
-                "error": step.error if action == Action.STEP_FAILED else "",
-                "note": step.note if action == Action.STEP_SKIPPED else "",
-                "settled_with_run": True,
-            },
-        )
+            change = change + step_failed(step, f"interrupted: {reason}", by=by, now=now)
+    return change
+
+
+def step_skipped(step: Step, note: str, *, by: By, now: Any) -> Change:
+    """A step its run's end settled before it started."""
+    return Change(
+        by=(by,),
+        updates=(moved(step, by, status=StepStatus.SKIPPED, note=note, finished_at=now),),
+        events=(Event(Action.STEP_SKIPPED, step, skipped_payload(step, note)),),
+    )
+
+
+def skipped_payload(step: Step, note: str) -> dict[str, Any]:
+    """The payload of step.skipped."""
+    return {"index": step.index, "depth": step.depth, "worker": step.worker_slug, "note": note}

@@ -19,44 +19,47 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
-
-from audit.actions import Action
 
 from ..models import Step, StepStatus, StopReason
 from .calls import Call, Sent, call_metadata, dependencies, send
+from .changes import Change
 from .execution import Assumed, RunExecution, RunStopped
-from .fence import fenced_write, record_event
+from .executor import apply
 from .plan_record import RecordedPlan
-from .statement import Writes
-from .step_settle import settle
-from .step_start import begin_next, begin_retry, begin_step, started_payload, starts_with_the_last
+from .step_settle import Success, settle
+from .step_start import begin_retry, begin_step, first_call, starts_with_the_last, step_started
 
 log = logging.getLogger(__name__)
 
 
-def execute_plan(
-    execution: RunExecution, recorded: RecordedPlan, *, ending: Callable[[Call, Sent], bool] | None = None
-) -> Step:
-    """Run the plan's steps; independent steps run concurrently. Returns the last step (its response
-    is the plan's answer). Raises RunStopped on failure. `ending`: offered the success of the plan's
-    last step when every other has succeeded; True when it recorded it (with what ends the run), else
-    it is recorded here."""
-    return _Schedule(execution, recorded, ending).run()
+@dataclass(frozen=True)
+class Scheduled:
+    """A plan's steps done: its last step (its response is the plan's answer), and, when its success
+    was held for the change that ends the run (`hold_last`), that success, not yet recorded."""
+
+    step: Step
+    held: Success | None = None
+
+
+def schedule_steps(execution: RunExecution, recorded: RecordedPlan, *, hold_last: bool = False) -> Scheduled:
+    """Run the plan's steps; independent steps run concurrently. Raises RunStopped on failure.
+    `hold_last`: the success of the plan's last step, when every other has succeeded and nothing is in
+    flight, is not recorded here but returned, for the run's end to record with it (one change)."""
+    return _Schedule(execution, recorded, hold_last).run()
 
 
 class _Schedule:
     """One plan's steps as they run: which are done, which busy (a call in flight, or its backoff), the
     calls pending, and the first error (after which nothing new starts, and what is in flight ends)."""
 
-    def __init__(
-        self, execution: RunExecution, recorded: RecordedPlan, ending: Callable[[Call, Sent], bool] | None
-    ) -> None:
-        self.execution, self.ending = execution, ending
+    def __init__(self, execution: RunExecution, recorded: RecordedPlan, hold_last: bool) -> None:
+        self.execution, self.hold_last = execution, hold_last
+        self.held: Success | None = None
         # The plan's steps as recorded (their workers with them), or read back (a resumed run, a plan
         # recorded by an earlier delivery).
         planned = recorded.steps
@@ -71,7 +74,7 @@ class _Schedule:
         self.first_error: RunStopped | None = None
         self.pool = _Share(settings.CONDUCTOR_STEP_CONCURRENCY)
 
-    def run(self) -> Step:
+    def run(self) -> Scheduled:
         try:
             while True:
                 if self._start_ready():
@@ -92,7 +95,7 @@ class _Schedule:
             raise self.first_error
         if len(self.done) != len(self.steps):  # pragma: no cover - the schedule always reaches every step
             raise RunStopped("some steps could not be scheduled", stop_reason=StopReason.INTERNAL)
-        return self.steps[max(self.steps)]
+        return Scheduled(self.steps[max(self.steps)], self.held)
 
     def _start(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if not self.pending and not self.ready:  # nothing else to do meanwhile: here, on this thread
@@ -128,42 +131,42 @@ class _Schedule:
         """A call's outcome (Sent), or the end of its backoff (then its next attempt)."""
         if not isinstance(outcome, Sent):
             if self.first_error is None:  # else the run is stopping: the step is settled with the run
-                begin_retry(self.execution, call)
+                call = begin_retry(self.execution, call)
                 self.pending[self._start(send, call, call_metadata(self.execution))] = call
             return
         index = call.step.index
-        if self._ends_the_run(call, outcome):
+        if self._holds(call, outcome):
+            self.held = Success.of(call, outcome)
             self.done.add(index)
             self.busy.discard(index)
             return
-        # A sequence: the one step whose turn this success makes starts in its transaction.
+        # A sequence: the one step whose turn this success makes starts in its change.
         follower = (
             _follower(self.steps, self.done | {index}, self.busy - {index}) if not self.pending else None
         )
-        begun: list[tuple[Call, RunStopped | None]] = []
-        then = None
-        if follower is not None and self.first_error is None:
-            then = partial(_begin_follower, self.execution, self.steps, follower, begun)
-        if not settle(self.execution, call, outcome, then=then):
+        with_next = None
+        if follower is not None and self.first_error is None and outcome.error is None:
+            with_next = partial(_follower_started, self.execution, self.steps, follower, index)
+        change = settle(self.execution, call, outcome, with_next=with_next)
+        if change is None:
             self.pending[self._start(time.sleep, call.delay_s)] = call  # back off, then try again
             return
         self.done.add(index)
         self.busy.discard(index)
-        for follow, stopped in begun:
-            if stopped is not None:
-                raise stopped
-            self._send(follow)
+        if with_next is not None:
+            if change.stops is not None:
+                raise change.stops
+            self._send(change.result[1])
 
-    def _ends_the_run(self, call: Call, outcome: Sent) -> bool:
-        """The plan's last step succeeded, every other had: `ending` may record it with the run's end."""
+    def _holds(self, call: Call, outcome: Sent) -> bool:
+        """The plan's last step succeeded, every other had: its success is held for the run's end."""
         return (
-            self.ending is not None
+            self.hold_last
             and outcome.error is None
             and not self.pending
             and self.first_error is None
             and call.step.index == max(self.steps)
             and len(self.done) == len(self.steps) - 1
-            and self.ending(call, outcome)
         )
 
 
@@ -263,16 +266,19 @@ def _follower(steps: dict[int, Step], done: set[int], busy: set[int]) -> Step | 
     return None
 
 
-def _begin_follower(
+def _follower_started(
     execution: RunExecution,
     steps: dict[int, Step],
     follower: Step,
-    begun: list[tuple[Call, RunStopped | None]],
+    answered: int,
     assumed: Assumed,
-    writes: Writes,
-) -> None:
-    # Staged, perhaps twice (fence.write_once): the last staging is the one written.
-    begun[:] = [begin_next(execution, follower, [steps[i] for i in dependencies(follower)], assumed, writes)]
+    done: Change,
+) -> Change:
+    """The start of the step a success makes ready, applied with that success (`done`, whose answer
+    its messages quote)."""
+    answer = next(u.values["response"] for u in done.updates if u.obj is steps[answered])
+    visible = [steps[i] for i in dependencies(follower)]
+    return step_started(execution, first_call(follower), visible, {answered: answer}, assumed)
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -296,8 +302,4 @@ def _conductor_step(execution: RunExecution, step: Step, visible: list[Step]) ->
 
 def start_step(execution: RunExecution, step: Step, visible: list[Step]) -> None:
     """A conductor step running (worker steps start with their first attempt: step_start.begin_step)."""
-    with fenced_write(execution):
-        step.status = StepStatus.RUNNING
-        step.started_at = step.started_at or timezone.now()
-        Step.objects.filter(pk=step.pk).update(status=step.status, started_at=step.started_at)
-        record_event(execution, Action.STEP_STARTED, step, started_payload(execution, step, visible))
+    apply(execution, partial(step_started, execution, None, visible, {}, step=step))
