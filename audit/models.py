@@ -95,6 +95,40 @@ class ChainHead(models.Model):
         return f"{self.chain}@{self.seq}"
 
 
+class PendingSeal(models.Model):
+    """A run chain sealed by its run's end, waiting for its `run.sealed` event in the global chain.
+
+    A run's end inserts this row (a plain insert, which no other run end waits for) instead of
+    appending to the global chain's head itself; the sealer (audit.seals.seal_pending) appends the
+    seals in id order, a batch under one lock of the head, and sets `seal_event_id`. A trigger lets a
+    row change only that way, once, and never be deleted (a retention purge keeps it: it holds no
+    content of the task, only what the seal in the global chain holds too)."""
+
+    chain = models.CharField(max_length=64, unique=True)
+    # The run, as events name objects (its model's name, its pk as text).
+    object_type = models.CharField(max_length=60)
+    object_id = models.CharField(max_length=100)
+    task_id = models.UUIDField(null=True, blank=True)
+    # The run chain's last event, which its end's append sealed.
+    seq = models.PositiveBigIntegerField()
+    hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+    # The global chain's run.sealed event once appended: an id, not a foreign key (no constraint
+    # checked on every mark; verification checks it names this chain's seal).
+    seal_event_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The pending ones, oldest first: what the sealer takes. Partial, so it holds only the few
+            # rows waiting; the unique chain index and the primary key are the table's only others.
+            models.Index(fields=["id"], condition=Q(seal_event_id__isnull=True), name="audit_seal_pending"),
+        ]
+
+    def __str__(self) -> str:
+        state = f"sealed by #{self.seal_event_id}" if self.seal_event_id else "pending"
+        return f"seal of {self.chain}@{self.seq} ({state})"
+
+
 class Checkpoint(models.Model):
     """A signed statement of the chain heads that moved since the previous checkpoint, linked to it by
     number and hash; written out of the database as a file, which is what verification trusts."""

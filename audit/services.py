@@ -134,16 +134,32 @@ def run_chain_seal(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> 
 def run_chain_seal_fields(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> dict[str, Any]:
     """The fields of a run's seal in the global chain (see run_chain_seal), for a statement that writes
     it with the run's end (chain.on_server_text)."""
+    return run_seal_fields(
+        object_type=run._meta.model_name,
+        object_id=str(run.pk),
+        task_id=task_id,
+        chain=last.chain,
+        seq=last.seq,
+        hash_=last.hash,
+    )
+
+
+def run_seal_fields(
+    *, object_type: str, object_id: str, task_id: uuid.UUID | None, chain: str, seq: int, hash_: str
+) -> dict[str, Any]:
+    """The fields of the run.sealed event that records run chain `chain` closed at (`seq`, `hash_`):
+    the one definition, whether the run's end appends it (run_chain_seal) or the sealer does later
+    (audit.seals.seal_pending). Every reader of seals reads these fields."""
     return {
         "actor_type": ENGINE.type,
         "actor_id": ENGINE.id,
         "actor_name": ENGINE.name,
         "action": Action.RUN_SEALED,
-        "object_type": run._meta.model_name,
-        "object_id": str(run.pk),
+        "object_type": object_type,
+        "object_id": object_id,
         "task_id": task_id,
         "correlation_id": None,
-        "payload": {"chain": last.chain, "seq": last.seq, "hash": last.hash},
+        "payload": {"chain": chain, "seq": seq, "hash": hash_},
     }
 
 

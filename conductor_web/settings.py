@@ -186,6 +186,10 @@ AUDIT_PUBLIC_KEY_FILE = env_str("AUDIT_PUBLIC_KEY_FILE", "")
 # Checkpoints are made this often when any chain moved (none when idle): the window in which an
 # unsigned tail could be rewritten unnoticed.
 AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 5, minimum=1)
+# Beat appends the pending seals of ended runs to the global chain this often (audit.seals); verification
+# calls a seal still pending after AUDIT_SEAL_GRACE_S overdue.
+AUDIT_SEAL_EVERY_S = env_float("AUDIT_SEAL_EVERY_S", 1.0, minimum=0.1)
+AUDIT_SEAL_GRACE_S = env_int("AUDIT_SEAL_GRACE_S", 60, minimum=1)
 # Days a task's data and its run's audit chain are kept, per data class; at least 180 (six months).
 RETENTION_DAYS = {
     "public": env_int("RETENTION_DAYS_PUBLIC", 365, minimum=180),
@@ -243,6 +247,7 @@ CELERY_TASK_ROUTES = {
         for name in (
             "routing.tasks.requeue_stalled_runs",
             "audit.tasks.checkpoint_create",
+            "audit.tasks.seal_pending",
             "routing.tasks.retention_purge",
         )
     },
@@ -259,6 +264,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "audit.tasks.checkpoint_create",
         "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
     },
+    "audit-seal": {"task": "audit.tasks.seal_pending", "schedule": AUDIT_SEAL_EVERY_S},
     "retention-purge": {"task": "routing.tasks.retention_purge", "schedule": 3600.0},
     "training-settle": {"task": "training.tasks.settle", "schedule": 30.0},
 }

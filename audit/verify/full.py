@@ -19,6 +19,7 @@ from .. import signing
 from ..checkpoints import body_digest, checkpoint_files, row_matches_file
 from ..models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint
 from .chains import BATCH, HEAD_BATCH, _event_id, _Seal, _seal_problems, _unsigned, _Walk
+from .pending import all_end_problems
 from .report import Problem, Report, hash_short
 
 
@@ -46,6 +47,7 @@ def _verify_all(*, key: Ed25519PublicKey, use_checkpoint: bool, directory: Path)
             tails.add(walk.name, *walk.tail)
         tails.flush()
         report.problems.extend(_seals_against_tails(key))
+        report.problems.extend(all_end_problems())  # ended chains without a seal: pending ones
         report.problems.extend(_unrecorded_purges_all())
         if use_checkpoint:
             report.problems.extend(_anchor_problems(report, cursor, directory, key))

@@ -11,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..checkpoints import checkpoint_row, file_matches_row
 from ..models import AuditEvent, ChainPurge, Checkpoint, CheckpointHead
 from .chains import _Seal, _seal_of, _seal_problems, _unrecorded_purges, _unsigned, _Walk
+from .pending import run_end_problems
 from .report import Problem, Report, hash_short
 
 
@@ -36,6 +37,8 @@ def _verify_runs(chains: list[str], *, key: Ed25519PublicKey, use_checkpoint: bo
             sealed.add(name)
             added = next((e.pk for e in events if e.seq == seal.seq + 1), None)
             report.problems.extend(_seal_problems(name, seal, walk.tail, purges.get(name), key, added))
+        if name not in purges:
+            report.problems.extend(run_end_problems(name, events, seal.event_id if seal else None))
         if use_checkpoint and name not in purges:
             report.problems.extend(_covering_problems(report, name, events, seal, latest, key))
     report.problems.extend(_unrecorded_purges(purges, sealed, chains))

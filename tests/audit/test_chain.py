@@ -446,13 +446,19 @@ def test_a_checkpoint_whose_heads_no_longer_match_is_reported(finished_run, audi
         # Cut the chain back past the signed head; nothing after it links to the removed events.
         assert sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [name, signed_seq]) >= 1
 
-    assert verify(use_checkpoint=False, rows=False).intact, "a cut tail is invisible without the checkpoint"
+    # A cut of the global chain that takes a run's seal shows without the checkpoint too: the run's
+    # chain ended, and has neither its seal nor a pending seal (audit.verify.pending).
+    seen = [("unsealed", f"run:{finished_run.correlation_id}")] if which == "global" else []
+    plain = verify(use_checkpoint=False, rows=False)
+    assert [(p.kind, p.chain) for p in plain.problems] == seen, (
+        "a cut tail is invisible without the checkpoint"
+    )
     report = verify(rows=False)
-    assert [p.kind for p in report.problems] == ["checkpoint"]
-    assert "checkpoint 1 (" in report.problems[0].detail
-    assert f": event {signed_seq} of chain {name} is missing" in report.problems[0].detail
+    assert [p.kind for p in report.problems] == [kind for kind, _ in seen] + ["checkpoint"]
+    assert "checkpoint 1 (" in report.problems[-1].detail
+    assert f": event {signed_seq} of chain {name} is missing" in report.problems[-1].detail
     code, out, _ = audit_verify()
-    assert code == 1 and "NOT INTACT: checkpoint" in out
+    assert code == 1 and f"NOT INTACT: {(seen[0][0] if seen else 'checkpoint')}" in out
 
 
 @transactional
