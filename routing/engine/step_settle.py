@@ -187,19 +187,23 @@ def step_succeeded(
 
 
 def succeeded_payload(step: Step, response: str, note: str, success: Success | None) -> dict[str, Any]:
-    """The payload of step.succeeded."""
-    completion = success.completion if success is not None else None
-    return {
+    """The payload of step.succeeded: a worker step's with its attempt, a conductor step's with the
+    note that says how its nested plan answered."""
+    payload: dict[str, Any] = {
         "index": step.index,
         "worker": CONDUCTOR_SLUG if step.is_conductor else step.worker_slug,
-        "vendor": step.vendor,
-        "attempt": success.attempt.number if success is not None else None,
-        "input_tokens": completion.input_tokens if completion is not None else 0,
-        "output_tokens": completion.output_tokens if completion is not None else 0,
-        "cost_usd": success.cost if success is not None else Decimal(0),
-        "latency_ms": success.latency_ms if success is not None else None,
         "response_sha256": content_hash(response),
-        "note": note,
+    }
+    if success is None:
+        return payload | {"note": note}
+    completion = success.completion
+    return payload | {
+        "vendor": step.vendor,
+        "attempt": success.attempt.number,
+        "input_tokens": completion.input_tokens,
+        "output_tokens": completion.output_tokens,
+        "cost_usd": success.cost,
+        "latency_ms": success.latency_ms,
     }
 
 

@@ -73,17 +73,19 @@ def test_a_sequential_run_of_three_steps_runs_on_one_connection_within_its_pinne
     plan = sql.index(one_statement[1])
     assert sql[plan : plan + 3] == one_statement[1:4]  # nothing read or written between the steps
     # The last step's success and the run's end: its answer, score, totals, the task's, its sealing
-    # event and the seal in the global chain, and the row that leaves the run waiting for a fold of the
-    # rollups: one statement, its own transaction (no receiver of run_finished writes for a live run).
+    # event and its pending seal (the global chain is not in it), and the row that leaves the run
+    # waiting for a fold of the rollups: one statement, its own transaction (no receiver of
+    # run_finished writes for a live run).
     end = one_statement[4]
     assert sql[plan + 3 :] == [end]
     assert end.index('"action": "step.succeeded"') < end.index('"action": "run.succeeded"')
-    assert '"action": "run.sealed"' in end and 'UPDATE "routing_attempt"' in end
+    assert 'INSERT INTO "audit_pendingseal"' in end and 'UPDATE "routing_attempt"' in end
+    assert '"action": "run.sealed"' not in end
     assert "UPDATE routing_task" in end and "INSERT INTO routing_pendingrollup" in end
     assert [s for s in sql if "routing_pendingrollup" in s] == [end]
     assert not [s for s in sql if "routing_usagerollup" in s or "routing_runrollup" in s]
-    # The run chain is sealed by its last event's append, the global chain's head locked and moved by
-    # the same statement: no statement of their own (the claim's read, first, reads the run chain's head).
+    # The run chain is sealed by its last event's append; the global chain is left to the sealer: no
+    # statement of their own (the claim's read, first, reads the run chain's head).
     assert not [s for s in sql[1:] if "audit_chainhead" in s and s not in one_statement]
 
     # The writes are prepared statements of this connection, planned once and reused (a generic plan):
@@ -141,7 +143,7 @@ def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_wri
     monkeypatch.setattr(signals, "_WRITTEN_AT_END", {Run.Kind.LIVE} if written else set())
     server = live_pool["server"]
     program(server)
-    engine.execute_run(submit("warm up").pk)  # the global chain's head made (a first end makes it)
+    engine.execute_run(submit("warm up").pk)  # first use: the conductor is built, litellm warms up
     program(server)
     run = submit("Three steps")
     heard: list[tuple[bool, str]] = []
@@ -159,10 +161,10 @@ def test_a_runs_end_is_a_transaction_with_run_finished_only_where_a_receiver_wri
         claimed, last = _ready_to_finish(run)
         if written:
             with pytest.raises(RuntimeError, match="the receiver failed"):
-                run_end.finish_run(claimed, last=last)
+                run_end.finish_run(claimed, last)
         else:
             with caplog.at_level(logging.ERROR, logger="routing.engine.events"):
-                run_end.finish_run(claimed, last=last)
+                run_end.finish_run(claimed, last)
             assert f"run {run.pk} ended; a receiver of run_finished failed after it" in caplog.text
     finally:
         signals.run_finished.disconnect(sender=Run, dispatch_uid="test.receiver")
@@ -180,4 +182,4 @@ def _ready_to_finish(run: Run) -> tuple[RunExecution, object]:
     claimed = claim.claim_run(run.pk)
     assert claimed is not None
     recorded = planning.ensure_plan(claimed, parent_step=None, depth=0)
-    return claimed, schedule.execute_plan(claimed, recorded)
+    return claimed, schedule.schedule_steps(claimed, recorded)

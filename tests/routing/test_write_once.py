@@ -1,6 +1,6 @@
-"""A step's writes as one statement (engine.fence.write_once): written only when the run is as this
-process last fenced it; when something moved under it (the totals, the chain's head), nothing of the
-statement is written and the change is made again in a fenced transaction, on what the fence reads."""
+"""A change written as one statement (engine.executor, its compiled form): written only when the run is
+as this process last read it; when something moved under it (the totals, the chain's head), nothing of
+the statement is written and the change is built again and applied plainly, on what its lock reads."""
 
 from __future__ import annotations
 
@@ -96,9 +96,9 @@ def test_totals_moved_by_another_writer_are_added_to_not_overwritten(live_pool):
     assert run.input_tokens == 7 + paid["i"]
     sql = [q["sql"] for q in captured.captured_queries]
     # The claim, and the plan with step 0's start, were one statement each; step 0's success (with step
-    # 1's start) found the totals moved and was written in a fenced transaction; step 1's success, on
-    # what that fence read, one statement, and the run's end one more.
-    assert len(one_statement_writes(sql)) == 5
+    # 1's start) found the totals moved, wrote nothing, and was applied plainly; step 1's success with
+    # the run's end, on what that lock read, one statement.
+    assert len(one_statement_writes(sql)) == 4
     steps = list(Step.objects.filter(run=run).order_by("index"))
     assert [s.status for s in steps] == [StepStatus.SUCCEEDED, StepStatus.SUCCEEDED]
     for step in steps:  # one attempt each, one event per change: nothing written twice
@@ -128,8 +128,6 @@ def test_a_chain_head_moved_by_another_process_is_read_under_its_lock_and_built_
     server = live_pool["server"]
 
     def alpha(body: dict) -> Reply:
-        chain = audit_chain.run_chain(run.correlation_id)
-        remembered = audit_chain._HEADS[chain]
         try:
             with transaction.atomic():
                 event_record(
@@ -140,8 +138,7 @@ def test_a_chain_head_moved_by_another_process_is_read_under_its_lock_and_built_
                     correlation_id=run.correlation_id,
                     payload={"view": "another process"},
                 )
-        finally:
-            audit_chain._HEADS[chain] = remembered  # as if another process had written it
+        finally:  # another process: the engine's execution does not see it
             connection.close()
         return Reply("draft")
 
@@ -190,9 +187,9 @@ def test_a_worker_disabled_while_an_earlier_step_runs_is_not_called(live_pool):
 def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_run_moved(
     live_pool, no_fold_after_runs
 ):
-    """The last step's success and the run's end are one statement (run_end.EndWithLastStep) when the run
-    is as this process last read it. When something moved it during that step's call, nothing of that
-    statement is written: the success is recorded on its own (fenced), then the run ended, each once."""
+    """The last step's success and the run's end are one change, one statement when the run is as this
+    process last read it. When something moved it during that step's call, nothing of that statement
+    is written: the same change is applied plainly, in one transaction, each row and event once."""
     server = live_pool["server"]
     outside = Decimal("0.2500000000")
     moved = []
@@ -208,7 +205,6 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
     server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", [0])))] * 2)
     server.program("alpha", [Reply("draft")] * 2)
     server.program("beta", beta)
-    run_now(submit())  # the global chain's first seal: its head is there for the next runs' ends
     for run in (submit(), submit()):
         with CaptureQueriesContext(connection) as captured:
             engine.execute_run(run.pk)
@@ -228,13 +224,11 @@ def test_the_last_steps_success_ends_the_run_in_its_statement_or_apart_when_the_
             assert not verify(chains=[audit_chain.run_chain(run.correlation_id)]).problems
             moved.append(run)
             continue
-        # Step 1's success with the end, tried, wrote nothing; so did the success alone, on the same
-        # totals; the success was then written in a fenced transaction, and the end in one statement
-        # on what that fence read.
-        assert len(writes) == 6 and sql.count("BEGIN") == 1
-        assert '"action": "run.succeeded"' in writes[3] and '"action": "run.succeeded"' not in writes[4]
-        assert sql.index(writes[4]) < sql.index("BEGIN") < sql.index(writes[5])
-        assert '"action": "run.succeeded"' in writes[5] and '"action": "step.succeeded"' not in writes[5]
+        # Step 1's success with the end, tried, wrote nothing; the same change was then applied plainly,
+        # in one transaction after it.
+        assert len(writes) == 4 and sql.count("BEGIN") == 1
+        assert '"action": "run.succeeded"' in writes[3]
+        assert sql.index(writes[3]) < sql.index("BEGIN")
         assert run.cost_usd == outside + Attempt.objects.get(step=last).cost_usd
         for step in Step.objects.filter(run=run):
             for action in ("step.started", "step.succeeded"):
@@ -273,50 +267,52 @@ def test_a_cost_finer_than_the_column_stores_keeps_the_next_writes_in_one_statem
     alpha = Attempt.objects.get(step__run=run, step__worker_slug="alpha")
     assert alpha.cost_usd > 0
     sql = [q["sql"] for q in captured.captured_queries]
-    # The claim, the plan with step 0's start, its success with step 1's start, step 1's success and the
-    # run's end (on the totals as rounded): one statement each. (The two last are one statement where the
-    # global chain has a head already: this run's end makes it, in a fenced transaction.)
-    assert len(one_statement_writes(sql)) == 5
-    assert sql.count("BEGIN") == 1
+    # The claim, the plan with step 0's start, its success with step 1's start, and step 1's success with
+    # the run's end (on the totals as rounded): one statement each, no transaction of several.
+    assert len(one_statement_writes(sql)) == 4
+    assert "BEGIN" not in sql
     calls = Attempt.objects.filter(step__run=run).aggregate(c=Sum("cost_usd"))["c"]
     plans = Decision.objects.filter(run=run).aggregate(c=Sum("cost_usd"))["c"]
     assert run.cost_usd == calls + plans
 
 
-def test_a_run_ending_in_one_statement_holds_its_task_before_it_waits_for_the_global_chain(live_pool):
-    """The run's end locks its task's row before the global chain's head, as fail_run and the fenced
-    end do: two runs of one task ending at once (a live run and its shadow, a rollout's samples) then
-    wait for each other, where locking them the other way round deadlocks. Here another transaction
-    holds the global head; the ending run, waiting for it, already holds its task's row."""
-    from audit.models import GLOBAL_CHAIN
+@pytest.mark.parametrize("compiled", [True, False], ids=["one statement", "plain"])
+def test_a_runs_end_never_waits_for_the_global_chain(live_pool, settings, compiled):
+    """Another transaction holds the global chain's head (a sealer's batch, a human action): a run still
+    ends, each way its end is written, its chain sealed and its seal left pending for the sealer,
+    which appends it once the head is free."""
+    from audit.models import GLOBAL_CHAIN, PendingSeal
+    from audit.seals import seal_pending
 
+    settings.CONDUCTOR_ONE_STATEMENT_WRITES = compiled
     server = live_pool["server"]
-    server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))] * 2)
-    server.program("alpha", [Reply("draft")] * 2)
-    run_now(submit())  # the global chain's first seal: its head exists, so the next run ends at once
+    server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))])
+    server.program("alpha", [Reply("draft")])
     run = submit()
-    probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     thread, outcome = executed_in_thread(run)
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM audit_chainhead WHERE chain = %s FOR UPDATE", [GLOBAL_CHAIN])
-            thread.start()
-            # the one write that waits for the global head
-            assert waits_for_a_lock(probe, thread, "WITH run_as_assumed AS%"), (
-                "the run's end never waited for the global head"
-            )
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                probe.execute("SELECT 1 FROM routing_task WHERE id = %s FOR UPDATE NOWAIT", [run.task_id])
-    finally:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO audit_chainhead (chain, seq, hash, sealed, updated_at) VALUES (%s, 0, %s, false, now()) "
+            "ON CONFLICT (chain) DO NOTHING",
+            [GLOBAL_CHAIN, "0" * 64],
+        )
+        cursor.execute("SELECT 1 FROM audit_chainhead WHERE chain = %s FOR UPDATE", [GLOBAL_CHAIN])
+        thread.start()
         thread.join(30)
-        probe.close()
+        assert not thread.is_alive(), "the run's end waited for the global chain's head"
     assert outcome == [None], outcome
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED, run.error
+    chain = audit_chain.run_chain(run.correlation_id)
+    pending = PendingSeal.objects.get(chain=chain)
+    assert pending.seal_event_id is None
+    assert seal_pending() == 1
+    seal = AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", payload__chain=chain)
+    assert (seal.payload["seq"], seal.payload["hash"]) == (pending.seq, pending.hash)
     assert verify().intact
 
 
-@pytest.mark.parametrize("at_once", [True, False], ids=["one statement", "fenced"])
+@pytest.mark.parametrize("at_once", [True, False], ids=["one statement", "plain"])
 def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its_totals(
     live_pool, monkeypatch, at_once
 ):
@@ -324,13 +320,12 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
     waits for the task's row while the first commits, having read the runs' totals before. It must
     not write the task's totals from that read: the sibling's cost (here added at its end, as a judge's
     is) is in the task's totals, which are the sum of its runs'. Both ways a run ends: in one
-    statement, and in the fenced transaction (whose task update waited for the row too)."""
-    from routing.engine import run_end
+    statement, and plainly (whose task update waited for the row too)."""
+    from routing.engine import executor
 
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Draft", [])))] * 2)
     server.program("alpha", [Reply("draft", prompt_tokens=100, completion_tokens=10)] * 2)
-    run_now(submit())  # the global chain's first seal: its head exists, so the next run may end at once
     run = submit()
     sibling = Run.objects.create(
         task_id=run.task_id,
@@ -339,14 +334,16 @@ def test_a_sibling_run_ending_while_the_end_waits_for_the_task_is_counted_in_its
         status=RunStatus.RUNNING,
     )
     at_end, locked = threading.Event(), threading.Event()
-    original = run_end._end_at_once
+    original = executor._compiled
 
-    def end_at_once(*args, **kwargs):
+    def compiled(execution, change, assumed):
+        if change.ends is None:
+            return original(execution, change, assumed)
         at_end.set()
         assert locked.wait(30)
-        return original(*args, **kwargs) if at_once else False
+        return original(execution, change, assumed) if at_once else None
 
-    monkeypatch.setattr(run_end, "_end_at_once", end_at_once)
+    monkeypatch.setattr(executor, "_compiled", compiled)
     probe = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     thread, outcome = executed_in_thread(run)
     thread.start()
