@@ -29,9 +29,57 @@ def database_cpu_s(connection: Any) -> float | None:
         return None
 
 
+def database_backends_cpu_s(connection: Any) -> dict[int, float] | None:
+    """CPU seconds used so far by each live process of the PostgreSQL server behind `connection` that
+    serves its database (the backends connected to it) or the whole server (the WAL writer,
+    checkpointer and the other background processes), by pid: on a server that other work shares, what
+    this database's clients cost it. Two readings give the CPU between them (`backends_cpu_between`).
+    None where /proc cannot tell (the server is not this machine's)."""
+    from django.db import DatabaseError
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() OR datname IS NULL"
+            )
+            pids = [row[0] for row in cursor.fetchall()]
+    except DatabaseError:
+        return None
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = process_cpu_s(pid)
+        except OSError:
+            continue  # ended meanwhile
+    return found or None
+
+
+def backends_cpu_between(start: dict[int, float], end: dict[int, float]) -> float:
+    """The CPU seconds of the processes of two readings between them: a process that started meanwhile
+    counts whole; one that ended meanwhile is missed (only its part after the first reading)."""
+    return sum(cpu - start.get(pid, 0.0) for pid, cpu in end.items())
+
+
+def redis_cpu_s(url: str) -> float | None:
+    """CPU seconds used so far by the Redis server at `url` (its process_id, read from /proc). None
+    where it cannot tell (not this machine's, or a Unix socket Redis refuses INFO on)."""
+    import redis
+
+    try:
+        return process_cpu_s(int(redis.Redis.from_url(url).info("server")["process_id"]))
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
 def _stat(pid: int | str) -> list[str]:
     """A process's /proc stat fields from its state on (utime, stime, cutime, cstime are 11 to 14)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_cpu_s(pid: int | str) -> float:
+    """CPU seconds used so far by one live process (its own: user and system). OSError once it ended."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def process_tree_cpu_s(pid: int) -> float:

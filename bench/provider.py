@@ -8,6 +8,8 @@ The static conductor plans with the replay pool's worker names; pointed at this 
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from tests.openai_server import OpenAIServer, Reply
@@ -16,8 +18,29 @@ ANSWER = "The answer is 42."
 
 
 def provider_start() -> OpenAIServer:
-    """The server, started (its models are given by `point_pool_at`)."""
-    return OpenAIServer().start()
+    """The server, started (its models are given by `point_pool_at`), counting the CPU time its
+    threads spend on each request (`provider_cpu_s`): the benchmark's own part of its process's time."""
+    server = OpenAIServer()
+    handler = server.httpd.RequestHandlerClass
+    answer = handler.handle_one_request
+    spent, lock = [0.0], threading.Lock()
+
+    def handle_one_request(self: Any) -> None:  # a request's reading, answering and writing
+        started = time.thread_time()
+        try:
+            answer(self)
+        finally:
+            with lock:
+                spent[0] += time.thread_time() - started
+
+    handler.handle_one_request = handle_one_request  # type: ignore[method-assign]
+    server.cpu_spent = spent  # type: ignore[attr-defined]
+    return server.start()
+
+
+def provider_cpu_s(server: OpenAIServer) -> float:
+    """CPU seconds the server's threads have spent on requests so far (a server of `provider_start`)."""
+    return float(server.cpu_spent[0])  # type: ignore[attr-defined]
 
 
 def point_pool_at(server: OpenAIServer, delay_s: float) -> list[tuple[str, dict[str, Any]]]:
