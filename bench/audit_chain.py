@@ -2,7 +2,7 @@
 chain's head sustains when runs end at once.
 
     python -m bench.audit_chain --threads 4 --events 500
-    python -m bench.audit_chain --enders 1 2 4 8 --ends 150 --runs 20 --write
+    python -m bench.audit_chain --enders 1 2 4 8 16 --ends 150 --rounds 3 --runs 20
 
 Appends: each thread appends events in its own transactions (one event per transaction, as the engine
 does per step) either to its own run chain, or all threads to the single global chain.
@@ -11,13 +11,17 @@ Run ends (--enders): each of N threads ends runs one after another, as N worker 
 the run's chain gets an event, then, in the transaction that ends the run, its last event sealing it
 (`event_record(seal=True)`) and its seal in the global chain (`run_chain_seal`: one statement on the
 global chain's head, which it holds until the transaction commits), as the engine's fenced end does.
-The same runs without the global seal show what that one head costs. From one ender, the time from
+"pending seal": the end seals its own chain and inserts a PendingSeal row (audit.seals), and a sealer
+thread beside the enders appends the pending seals to the global chain every second (as beat does),
+in batches under one lock of the head; its seal lag (row made to seal appended) is reported too. The
+same runs without the global seal show what that one head costs. From one ender, the time from
 the global seal's statement to the commit is how long an end holds the head: its inverse is the most
 run ends a second the global chain can take, however many workers and database cores there are.
 --runs: that many real runs (the replay pool, in this process) give the per-run write cost (wall time
 and the database server's CPU) to compare it with.
 
-Prints JSON lines; --write replaces the audit section of docs/benchmarks.md (or, with --enders, the
+The layouts are measured interleaved (each count of enders in turn, each round every layout), and
+each is summarised over --rounds: median ends/s with its min and max (the spread). Prints JSON lines; --write replaces the audit section of docs/benchmarks.md (or, with --enders, the
 global head's section).
 """
 
@@ -50,12 +54,16 @@ django_setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections, transaction  # noqa: E402
 
+from audit import chain as audit_chain  # noqa: E402
 from audit.actions import Action  # noqa: E402
-from audit.models import AuditEvent  # noqa: E402
-from audit.services import ENGINE, event_record, run_chain_seal  # noqa: E402
+from audit.models import GLOBAL_CHAIN, AuditEvent, PendingSeal  # noqa: E402
+from audit.seals import pending_seal, seal_pending  # noqa: E402
+from audit.services import ENGINE, event_record, run_seal_fields  # noqa: E402
 from routing.models import ConductorVersion  # noqa: E402
 
-GLOBAL, RUN_ONLY = "sealed in the global chain", "run chain only"
+GLOBAL, PENDING, RUN_ONLY = "sealed in the global chain", "pending seal", "run chain only"
+LAYOUTS = (GLOBAL, PENDING, RUN_ONLY)
+SEAL_EVERY_S = 1.0  # the bench's sealer, as beat's (AUDIT_SEAL_EVERY_S)
 
 
 def append_events(obj, correlation_id, count: int, latencies: list[float]) -> None:
@@ -127,13 +135,50 @@ def end_runs(obj, count: int, layout: str, ends: list[float], holds: list[float]
                     seal=True,
                 )
                 held = time.perf_counter()
-                if layout == GLOBAL:
-                    run_chain_seal(run=obj, task_id=None, last=last)
+                if layout == GLOBAL:  # today's end: the seal on the global head, held to the commit
+                    audit_chain.append(chain=GLOBAL_CHAIN, **global_seal_fields(obj, last))
+                elif layout == PENDING:  # a plain insert that no other end waits for
+                    pending_seal(run=obj, task_id=None, last=last).save(force_insert=True)
             done = time.perf_counter()
             ends.append(done - started)
             holds.append(done - held)
     finally:
         connections.close_all()
+
+
+def global_seal_fields(obj, last: AuditEvent) -> dict:
+    """The run.sealed event of the run chain `last` closed, as the end (or the sealer) appends it."""
+    return run_seal_fields(
+        object_type=obj._meta.model_name,
+        object_id=str(obj.pk),
+        task_id=None,
+        chain=last.chain,
+        seq=last.seq,
+        hash_=last.hash,
+    )
+
+
+def seal_every_second(stop: threading.Event, batches: list[int]) -> None:
+    """The sealer beside the enders: the pending seals appended every SEAL_EVERY_S until `stop`."""
+    try:
+        while not stop.wait(SEAL_EVERY_S):
+            batches.append(seal_pending())
+    finally:
+        connections.close_all()
+
+
+def seal_lag(after_id: int) -> dict:
+    """From a pending seal's row made to its seal appended, for the rows after `after_id` (ms)."""
+    rows = PendingSeal.objects.filter(pk__gt=after_id, seal_event_id__isnull=False)
+    made = dict(rows.values_list("seal_event_id", "created_at"))
+    sealed = AuditEvent.objects.filter(pk__in=list(made)).values_list("pk", "occurred_at")
+    lags = sorted((at - made[pk]).total_seconds() for pk, at in sealed)
+    if not lags:
+        return {}
+    return {
+        "seal_lag_ms_p50": round(statistics.median(lags) * 1000),
+        "seal_lag_ms_max": round(lags[-1] * 1000),
+    }
 
 
 def measure_ends(layout: str, enders: int, count: int) -> dict:
@@ -143,12 +188,24 @@ def measure_ends(layout: str, enders: int, count: int) -> dict:
     threads = [
         threading.Thread(target=end_runs, args=(obj, count, layout, ends, holds)) for _ in range(enders)
     ]
+    stop, batches = threading.Event(), []
+    sealer = threading.Thread(target=seal_every_second, args=(stop, batches))
+    last_row = PendingSeal.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    if layout == PENDING:
+        sealer.start()
     started = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - started
+    extra = {}
+    if layout == PENDING:
+        stop.set()
+        sealer.join()
+        batches.append(seal_pending())  # what was left after the last round: the next beat's
+        extra = {"seal_batches": sum(1 for b in batches if b), "seal_batch_max": max(batches)}
+        extra |= seal_lag(last_row)
     return {
         "layout": layout,
         "enders": enders,
@@ -157,7 +214,27 @@ def measure_ends(layout: str, enders: int, count: int) -> dict:
         "end_ms_p50": round(statistics.median(ends) * 1000, 2),
         "end_ms_p95": round(percentile(ends, 0.95) * 1000, 2),
         "hold_ms_p50": round(statistics.median(holds) * 1000, 3),
+        **extra,
     }
+
+
+def spread(rows: list[dict]) -> list[dict]:
+    """Per count of enders and layout, over the rounds: median ends/s, its min and max."""
+    summary = []
+    for enders in dict.fromkeys(r["enders"] for r in rows):
+        for layout in LAYOUTS:
+            rates = sorted(r["ends_per_s"] for r in rows if r["enders"] == enders and r["layout"] == layout)
+            summary.append(
+                {
+                    "enders": enders,
+                    "layout": layout,
+                    "rounds": len(rates),
+                    "ends_per_s_median": statistics.median(rates),
+                    "ends_per_s_min": rates[0],
+                    "ends_per_s_max": rates[-1],
+                }
+            )
+    return summary
 
 
 def run_cost(runs: int) -> dict:
@@ -217,6 +294,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500, help="per thread")
     parser.add_argument("--enders", type=int, nargs="+", help="run ends at once: the global head's rate")
     parser.add_argument("--ends", type=int, default=150, help="runs each ender ends")
+    parser.add_argument("--rounds", type=int, default=3, help="--enders: rounds of every layout (the spread)")
+    parser.add_argument("--no-runs", action="store_true", help="--enders: leave out the real runs' cost")
     parser.add_argument("--runs", type=int, default=20, help="real runs for the per-run write cost")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
@@ -260,9 +339,15 @@ def global_head(args: argparse.Namespace, machine: str) -> None:
     """Run ends a second with N enders, with and without the global seal, against the per-run cost."""
     rows = []
     for enders in args.enders:
-        for layout in (GLOBAL, RUN_ONLY):  # interleaved, each count of enders in turn
-            rows.append(measure_ends(layout, enders, args.ends))
-            print(json.dumps({**rows[-1], "machine": machine}), flush=True)
+        for _ in range(args.rounds):  # interleaved: each count of enders in turn, each round every layout
+            for layout in LAYOUTS:
+                rows.append(measure_ends(layout, enders, args.ends))
+                print(json.dumps({**rows[-1], "machine": machine}), flush=True)
+    summary = spread(rows)
+    for row in summary:
+        print(json.dumps({"figure": "ends per second over the rounds", **row}), flush=True)
+    if args.no_runs:
+        return
     holds = [r["hold_ms_p50"] for r in rows if r["layout"] == GLOBAL and r["enders"] == min(args.enders)]
     hold = statistics.median(holds)
     cost = run_cost(args.runs)
@@ -280,20 +365,22 @@ def global_head(args: argparse.Namespace, machine: str) -> None:
     }
     print(json.dumps(finding), flush=True)
     if args.write:
-        write_section("audit-global-head", _global_head_section(args, machine, rows, finding))
+        write_section("audit-global-head", _global_head_section(args, machine, summary, rows, finding))
 
 
-def _global_head_section(args: argparse.Namespace, machine: str, rows: list[dict], f: dict) -> str:
+def _global_head_section(
+    args: argparse.Namespace, machine: str, summary: list[dict], rows: list[dict], f: dict
+) -> str:
     table = "\n".join(
-        f"| {r['enders']} | {r['layout']} | {r['ends']} | {r['ends_per_s']} | {r['end_ms_p50']} / "
-        f"{r['end_ms_p95']} ms | {r['hold_ms_p50']} |"
-        for r in rows
+        f"| {r['enders']} | {r['layout']} | {r['ends_per_s_median']} ({r['ends_per_s_min']}..{r['ends_per_s_max']}) |"
+        for r in summary
     )
     cost = f["run_cost"]
     db = cost["db_cpu_ms_per_run"]
     cores = f["db_cores_to_reach_ceiling"]
     by_ender = {
-        n: {r["layout"]: r["ends_per_s"] for r in rows if r["enders"] == n} for n in sorted(set(args.enders))
+        n: {r["layout"]: r["ends_per_s_median"] for r in summary if r["enders"] == n}
+        for n in sorted(set(args.enders))
     }
     ratios = ", ".join(f"{n}: {round(v[GLOBAL] / v[RUN_ONLY], 2)}" for n, v in by_ender.items())
     most = max(by_ender)
@@ -317,7 +404,7 @@ def _global_head_section(args: argparse.Namespace, machine: str, rows: list[dict
     )
     return f"""## Audit chain: the global chain's head under concurrent run ends
 
-Command: `python -m bench.audit_chain --enders {" ".join(map(str, args.enders))} --ends {args.ends} --runs {args.runs} --write`,
+Command: `python -m bench.audit_chain --enders {" ".join(map(str, args.enders))} --ends {args.ends} --rounds {args.rounds} --runs {args.runs} --write`,
 {date.today().isoformat()}, on {machine} (a shared machine: other work ran beside it, so the figures are
 noisy); embedded PostgreSQL ({f["server"]}). Each ender is a thread ending runs one after another, as
 a worker process does: a step's event in the run's chain, then in one transaction the run's last
@@ -327,8 +414,8 @@ the global seal out. Held: from the global seal's statement (or where it would b
 commit, p50, the wait for the head included when enders contend; without the seal it is the commit
 alone.
 
-| enders | layout | run ends | ends/s | end p50 / p95 | held, p50 ms |
-|---|---|---|---|---|---|
+| enders | layout | ends/s, median (min..max) over {args.rounds} rounds |
+|---|---|---|
 {table}
 
 Ends/s with the global seal over ends/s without it, per count of enders: {ratios}.
