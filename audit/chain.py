@@ -13,7 +13,7 @@ from django.utils import timezone
 from . import rows
 from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent, ChainHead
-from .proof import GENESIS, canonical, canonical_around_seq, content_of, digest  # noqa: F401 (canonical: re-exported)
+from .proof import GENESIS, canonical, content_of, digest  # noqa: F401 (canonical: re-exported)
 
 
 def run_chain(correlation_id: uuid.UUID | str) -> str:
@@ -181,90 +181,6 @@ def append(*, chain: str, seal: bool = False, **fields: Any) -> AuditEvent:
         raise RuntimeError(f"audit chain {chain} has no head")
     appended(planned, [row[0]])
     return planned.events[0]
-
-
-# An event appended on whatever head its chain has when the statement runs, its hash made by the
-# database: no process has to know the head. For the global chain, which every process appends to (a
-# guess of its head is mostly wrong when several processes end runs). Its expressions:
-# `server_head` locks the head (read after any append that committed while it waited), `server_head_moved`
-# moves it with the hash made there, sha256(head's hash + the event's canonical content), the content
-# being `server_before` + the new seq + `server_after` (proof.canonical_around_seq), and `server_event`
-# inserts the event. `{guard}`: a further condition of the head's lock (the statement it is part of
-# writes only if it holds).
-SERVER_HEAD_MOVED = "server_head_moved"
-SERVER_EVENT = "server_event"
-_ON_SERVER = (
-    "server_head AS (SELECT seq, hash FROM {head} WHERE chain = %(server_chain)s AND NOT sealed{guard} "
-    "FOR UPDATE), "
-    "server_head_moved AS (UPDATE {head} c SET seq = server_head.seq + 1, "
-    "hash = encode(sha256(convert_to("
-    "server_head.hash || %(server_before)s || (server_head.seq + 1)::text || %(server_after)s, 'UTF8')), 'hex'), "
-    "updated_at = %(server_at)s FROM server_head WHERE c.chain = %(server_chain)s "
-    "RETURNING c.seq, c.hash, server_head.hash AS prev_hash), "
-    "server_event AS (INSERT INTO {event} ({columns}) SELECT {values} "
-    "FROM {row} AS r, server_head_moved RETURNING id)"
-)
-_FROM_SERVER = ("seq", "prev_hash", "hash")
-
-
-@functools.lru_cache(maxsize=8)
-def on_server_text(guard: str = "") -> str:
-    """The expressions of an append whose hash the database makes (see _ON_SERVER)."""
-    columns = [rows.quoted(f.column) for f in _EVENT_FIELDS]
-    values = [
-        f"{SERVER_HEAD_MOVED}.{f.column}" if f.column in _FROM_SERVER else f"r.{rows.quoted(f.column)}"
-        for f in _EVENT_FIELDS
-    ]
-    return _ON_SERVER.format(
-        head=ChainHead._meta.db_table,
-        guard=guard,
-        event=AuditEvent._meta.db_table,
-        columns=", ".join(columns),
-        values=", ".join(values),
-        row=rows.populated(AuditEvent, "server_event"),
-    )
-
-
-def on_server_params(chain: str, fields: dict[str, Any]) -> tuple[AuditEvent, dict[str, Any]]:
-    """The event (without its seq and hashes, which the database makes) and the values of
-    `on_server_text`'s parameters, by name."""
-    fields = _checked(dict(fields))
-    occurred_at = timezone.now()
-    content = content_of(chain=chain, seq=0, occurred_at=occurred_at, **fields)
-    before, after = canonical_around_seq(content)
-    event = AuditEvent(chain=chain, occurred_at=occurred_at, **fields)
-    document = rows.document(
-        (f, getattr(event, f.attname)) for f in _EVENT_FIELDS if f.column not in _FROM_SERVER
-    )
-    return event, {
-        "server_chain": chain,
-        "server_before": before,
-        "server_after": after,
-        "server_at": occurred_at,
-        "server_event": document,
-    }
-
-
-def append_on_server(*, chain: str, **fields: Any) -> AuditEvent:
-    """Append one event on the chain's head as it is when the statement runs, its hash made by the
-    database (see _ON_SERVER), in one statement whoever appended last; its head made first for a new
-    chain."""
-    event, params = on_server_params(chain, fields)
-    statement = (
-        f"WITH {on_server_text()} SELECT moved.seq, moved.hash, moved.prev_hash, inserted.id "  # noqa: S608
-        f"FROM {SERVER_HEAD_MOVED} moved, {SERVER_EVENT} inserted"
-    )
-    for attempt in range(2):
-        with rows.prepared_cursor() as cursor:
-            cursor.execute(statement, params)
-            row = cursor.fetchone()
-        if row is not None:
-            event.seq, event.hash, event.prev_hash, event.pk = row
-            event._state.adding = False
-            return event
-        if attempt == 0:
-            _lock_head(chain)  # a new chain (its head made), or a sealed one (raised below)
-    raise RuntimeError(f"audit chain {chain} is sealed; no event may be added to it")
 
 
 def _event(chain: str, head_seq: int, head_hash: str, fields: dict[str, Any]) -> AuditEvent:

@@ -59,21 +59,6 @@ def content_of(
     }
 
 
-def canonical_around_seq(content: dict[str, Any]) -> tuple[str, str]:
-    """An event's canonical content without its seq, as the text before and after the seq's digits:
-    `before + str(seq) + after` is `canonical(content with its seq)`, for any seq. For a hash the
-    database makes on the head it finds, its seq known only then (audit.chain.append_on_server)."""
-    members = [
-        f"{json.dumps(key, ensure_ascii=False)}:{canonical(value).decode()}"
-        for key, value in sorted(content.items())
-        if key != "seq"
-    ]
-    at = sum(1 for key in content if key < "seq")  # the seq's place among the sorted keys
-    before = ",".join([*members[:at], '"seq":'])
-    after = "".join(f",{member}" for member in members[at:])
-    return "{" + before, after + "}"
-
-
 def digest(prev_hash: str, content: dict[str, Any]) -> str:
     return hashlib.sha256(prev_hash.encode() + canonical(content)).hexdigest()
 

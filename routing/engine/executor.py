@@ -133,7 +133,7 @@ def apply_plainly(execution: RunExecution, build: Build) -> Change:
         for obj in change.inserts:
             obj.save(force_insert=True)
         if change.ends is not None:
-            task_ended(run.task_id, change.ends.task)
+            task_ended(run.task_id, dict(change.ends.task))
         planned = None
         if change.events:
             chain = audit_chain.run_chain(run.correlation_id)
@@ -238,7 +238,7 @@ def _compiled(
         if change.ends is not None:
             inserts.append(pending_seal(run=run, task_id=run.task_id, last=planned.events[-1]))
     run_values = {**change.run, **(after.totals() if change.cost else {})}
-    updates = [(run, run_values, {})] if run_values else []
+    updates: list[tuple[Model, Any, Any]] = [(run, run_values, {})] if run_values else []
     updates += [(u.obj, u.values, u.only_if) for u in change.updates]
     shapes = _updated(updates, params)
     for i, obj in enumerate(inserts):
@@ -246,7 +246,7 @@ def _compiled(
             (f, f.pre_save(obj, True)) for f in _inserted_columns(type(obj), obj.pk is not None)
         )
     if change.ends is not None:
-        params |= task_ended_params(run.task_id, change.ends.task)
+        params |= task_ended_params(run.task_id, dict(change.ends.task))
         params |= {
             "run_cost_usd": after.spent,
             "run_input_tokens": after.input_tokens,

@@ -23,7 +23,7 @@ from ..models.transitions import check_move
 from ..scoring import scorers
 from ..scoring.judge import judge
 from ..signals import written_at_end
-from .changes import Change, Cost, Event, Expect, RunEnd, then
+from .changes import Build, Change, Cost, Event, Expect, RunEnd, then
 from .events import announce_end
 from .execution import Assumed, RunExecution
 from .executor import apply
@@ -47,6 +47,7 @@ def finish_run(execution: RunExecution, scheduled: Scheduled) -> None:
     final = held.completion.text if held is not None else scheduled.step.response
     end = _End.of(run, final)
     last = scheduled.step
+    build: Build
     if held is None:
         build = partial(run_succeeded, execution, end, last.pk, None)
     else:

@@ -66,7 +66,7 @@ def settled_with_run(
         return Change(by=(by,))
     unsettled = (
         Step.objects.filter(run=execution.run, status__in=[StepStatus.PENDING, StepStatus.RUNNING])
-        .exclude(pk=but)
+        .exclude(pk=but or 0)
         .order_by("depth", "decision_id", "index")
     )
     change = Change(by=(by,))
@@ -89,4 +89,10 @@ def step_skipped(step: Step, note: str, *, by: By, now: Any) -> Change:
 
 def skipped_payload(step: Step, note: str) -> dict[str, Any]:
     """The payload of step.skipped."""
-    return {"index": step.index, "depth": step.depth, "worker": step.worker_slug, "note": note}
+    return {
+        "index": step.index,
+        "depth": step.depth,
+        "worker": step.worker_slug,
+        "note": note,
+        "settled_with_run": True,
+    }

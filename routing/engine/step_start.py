@@ -142,7 +142,8 @@ def step_started(
         return replace(step_failed(step, str(stop), note=note), stops=stop)
     worker = workers_as_of(assumed.workers_stamp)[step.worker_slug]
     messages = build_messages(step, visible, answers)
-    attempt = inserted(Attempt(step=step, number=call.number, started_at=timezone.now()), By.STEP_STARTED)
+    attempt = Attempt(step=step, number=call.number, started_at=timezone.now())
+    inserted(attempt, By.STEP_STARTED)
     started = replace(call, worker=worker, attempt=attempt)  # type: ignore[arg-type]
     return Change(
         by=(By.STEP_STARTED,),
@@ -198,9 +199,8 @@ def attempt_started(execution: RunExecution, call: Call, assumed: Assumed) -> Ch
     if assumed.spent >= execution.run.task.max_usd:
         stop = _budget_stop(execution, call.step, assumed.spent)
         return replace(step_failed(call.step, str(stop), note=BUDGET_NOTE), stops=stop)
-    attempt = inserted(
-        Attempt(step=call.step, number=call.number, started_at=timezone.now()), By.ATTEMPT_STARTED
-    )
+    attempt = Attempt(step=call.step, number=call.number, started_at=timezone.now())
+    inserted(attempt, By.ATTEMPT_STARTED)
     return Change(by=(By.ATTEMPT_STARTED,), inserts=(attempt,), result=replace(call, attempt=attempt))
 
 

@@ -139,48 +139,6 @@ def test_an_event_outside_the_transaction_of_its_change_is_refused(make_user):
     assert AuditEvent.objects.count() == count
 
 
-@pytest.mark.parametrize("stale_by", ["another writer", "a rolled-back append"])
-def test_an_append_on_a_head_this_process_no_longer_holds_builds_on_the_real_head(make_user, stale_by):
-    """A process appends in one statement on the head it remembers; when that head is not the chain's
-    any more (another process appended, or its own append rolled back), nothing is inserted on it and
-    the append takes the head's lock and builds on what it reads."""
-    ann = make_user("ann")
-    chain = "run:00000000-0000-0000-0000-00000000cafe"
-
-    def append_to_chain(i: int) -> AuditEvent:
-        return audit_chain.append(
-            chain=chain,
-            actor_type="user",
-            actor_id=str(ann.pk),
-            actor_name="ann",
-            action="audit.exported",
-            object_type="user",
-            object_id=str(ann.pk),
-            task_id=None,
-            correlation_id=None,
-            payload={"i": i},
-        )
-
-    with transaction.atomic():
-        append_to_chain(1)
-    remembered = audit_chain._HEADS[chain]
-    if stale_by == "another writer":
-        with transaction.atomic():
-            append_to_chain(2)
-        audit_chain._HEADS[chain] = remembered  # this process did not see event 2
-    else:
-        with pytest.raises(ZeroDivisionError), transaction.atomic():
-            append_to_chain(2)
-            1 / 0  # noqa: B018 - the transaction of event 2 rolls back; the remembered head says 2
-        assert audit_chain._HEADS[chain][0] == 2
-    with transaction.atomic():
-        last = append_to_chain(3)
-    events = assert_chain_sound(chain)
-    assert [e.payload["i"] for e in events] == ([1, 2, 3] if stale_by == "another writer" else [1, 3])
-    assert last.seq == len(events) and audit_chain._HEADS[chain] == (last.seq, last.hash)
-    assert ChainHead.objects.get(chain=chain).seq == last.seq
-
-
 # --- append-only --------------------------------------------------------------------------------
 
 
@@ -611,104 +569,19 @@ def test_appends_move_a_chain_head_in_place_without_touching_its_indexes(make_us
 # --- appends whose hash the server makes ---------------------------------------------------------
 
 
-def _on_server(i: int, payload: dict) -> dict:
-    """An event's fields for append_on_server (not a seal: verify checks that a seal's chain exists)."""
-    return {
-        "actor_type": "service",
-        "actor_id": "",
-        "actor_name": "exporter",
-        "action": "audit.exported",
-        "object_type": "user",
-        "object_id": str(i),
-        "task_id": None,
-        "correlation_id": None,
-        "payload": payload,
-    }
-
-
 @transactional
-def test_an_append_hashed_by_the_server_recomputes_and_links_whoever_appended_before(make_user):
-    """The global chain's seals are appended on the head as the server finds it, the hash made in SQL:
-    it must be exactly the hash Python makes of the same content (hostile text included: the marker the
-    seq's place is made with, quotes, escapes, characters beyond ASCII), and appends that guess the head
-    (a user's event) must still link to it."""
-    ann = make_user("ann")
-    with transaction.atomic():
-        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"i": 1})
-    # (PostgreSQL's JSON has no NUL, the marker's character: its escaped text is the nearest a payload gets)
-    hostile = {
-        "chain": 'run:"\\u0000seq\\u0000',
-        "seq": "\\u0000seq\\u0000",
-        "text": 'Ünïcode ✓ \u2028 line\nbreak \x01 "quoted" {"seq":1}',
-        "nested": {"seq": 7, "task_id": None},
-    }
-    with transaction.atomic():
-        first = audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(1, hostile))
-    with transaction.atomic():  # this process's guess of the head is the event before: it must not hold
-        event_record(actor=Actor.for_user(ann), action="audit.exported", obj=ann, payload={"i": 2})
-    with transaction.atomic():
-        second = audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(2, {"k": "v"}))
-
-    events = assert_chain_sound(GLOBAL_CHAIN)
-    assert [e.actor_name for e in events][-4:] == ["ann", "exporter", "ann", "exporter"]
-    stored = {e.pk: e for e in events}
-    for returned in (first, second):
-        row = stored[returned.pk]
-        assert (returned.seq, returned.hash, returned.prev_hash) == (row.seq, row.hash, row.prev_hash)
-        assert row.hash == audit_chain.digest(row.prev_hash, audit_chain.event_content(row))
-    assert stored[first.pk].payload == hostile
-    assert ChainHead.objects.get(chain=GLOBAL_CHAIN).hash == events[-1].hash
-    assert verify().intact
-
-
-@transactional
-def test_appends_hashed_by_the_server_from_many_connections_at_once_make_one_sound_chain():
-    """Four threads, each its own connection, append to the global chain at once: each append locks the
-    head it moves (read after the append it waited for), so the chain stays gap-free and every hash
-    recomputes."""
-    import threading
-
-    from django.db import connections
-
-    with transaction.atomic():  # the chain's head, made by a first append
-        audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(0, {}))
-    start, errors = threading.Barrier(4), []
-
-    def appender(n: int) -> None:
-        try:
-            start.wait()
-            for i in range(10):
-                with transaction.atomic():
-                    audit_chain.append_on_server(chain=GLOBAL_CHAIN, **_on_server(n * 100 + i, {"n": n}))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=appender, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    events = assert_chain_sound(GLOBAL_CHAIN)
-    assert len(events) == 41
-    assert ChainHead.objects.get(chain=GLOBAL_CHAIN).seq == 41
-
-
-@transactional
-def test_a_run_ended_in_one_statement_is_sealed_into_the_global_chain_with_its_totals(live_pool, make_user):
+def test_a_run_ended_in_one_statement_leaves_its_seal_for_the_sealer_with_its_totals(live_pool, make_user):
     """The run's end is one statement when the run is as the engine last read it: its answer, the task's
-    totals, the sealing event and the seal in the global chain land together; the record verifies, and
-    the task's totals are its runs' (a judge's cost added at the end included in the run's)."""
+    totals, the sealing event and its pending seal land together; the sealer appends the seal to the
+    global chain; the record verifies, and the task's totals are its runs'."""
     server = live_pool["server"]
     runs = []
-    for answer in ("first", "second"):  # the first run may end the other way (no global chain yet)
+    for answer in ("first", "second"):
         server.program("conductor", [Reply(plan_json(("alpha", "Do it", [])))])
         server.program("alpha", [Reply(answer)])
         with CaptureQueriesContext(connection) as captured:
             runs.append(run_now(submit()))
-    ended = [q["sql"] for q in captured.captured_queries if "server_event AS (INSERT INTO" in q["sql"]]
+    ended = [q["sql"] for q in captured.captured_queries if 'INSERT INTO "audit_pendingseal"' in q["sql"]]
     assert len(ended) == 1 and ended[0].startswith("WITH run_as_assumed AS"), (
         "the second run did not end in one statement"
     )

@@ -23,6 +23,7 @@ from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
+from routing.engine.fence import record_event
 
 from accounts.models import Role
 from audit.models import AuditEvent
@@ -32,7 +33,6 @@ from conductor_web import embedded
 from conductor_web.celery import worker_command
 from routing import engine
 from routing.engine.claim import claim_run
-from routing.engine.fence import record_event
 from routing.engine.planning import ensure_plan
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
