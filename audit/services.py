@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from . import chain
 from .actions import Action
-from .models import GLOBAL_CHAIN, AuditEvent, LegalHold
+from .models import AuditEvent, LegalHold
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def event_record(
     """Append one event. Must run inside the transaction that makes the change it describes.
 
     Events of a run (with its correlation id) go to the run's chain; all others to the global chain.
-    `seal`: the run's last event, its chain sealed by the same statement (see run_chain_seal).
+    `seal`: the run's last event, its chain sealed by the same statement (its pending seal: audit.seals).
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit events must be written inside the transaction of the change")
@@ -122,18 +122,8 @@ def event_fields(
     }
 
 
-def run_chain_seal(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> AuditEvent:
-    """Record a finished run's sealed chain in the global chain (in the transaction that finishes the
-    run): `last` is the run chain's last event, whose append sealed it (`event_record(seal=True)`).
-    One statement, on the global chain's head as the server finds it (chain.append_on_server)."""
-    return chain.append_on_server(
-        chain=GLOBAL_CHAIN, **run_chain_seal_fields(run=run, task_id=task_id, last=last)
-    )
-
-
 def run_chain_seal_fields(*, run: Any, task_id: uuid.UUID | None, last: AuditEvent) -> dict[str, Any]:
-    """The fields of a run's seal in the global chain (see run_chain_seal), for a statement that writes
-    it with the run's end (chain.on_server_text)."""
+    """The fields of the run.sealed event of a run whose chain's last event is `last`."""
     return run_seal_fields(
         object_type=run._meta.model_name,
         object_id=str(run.pk),
@@ -148,8 +138,7 @@ def run_seal_fields(
     *, object_type: str, object_id: str, task_id: uuid.UUID | None, chain: str, seq: int, hash_: str
 ) -> dict[str, Any]:
     """The fields of the run.sealed event that records run chain `chain` closed at (`seq`, `hash_`):
-    the one definition, whether the run's end appends it (run_chain_seal) or the sealer does later
-    (audit.seals.seal_pending). Every reader of seals reads these fields."""
+    the one definition (the sealer appends it: audit.seals.seal_pending). Every reader of seals reads these fields."""
     return {
         "actor_type": ENGINE.type,
         "actor_id": ENGINE.id,

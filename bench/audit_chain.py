@@ -9,7 +9,7 @@ does per step) either to its own run chain, or all threads to the single global 
 
 Run ends (--enders): each of N threads ends runs one after another, as N worker processes would:
 the run's chain gets an event, then, in the transaction that ends the run, its last event sealing it
-(`event_record(seal=True)`) and its seal in the global chain (`run_chain_seal`: one statement on the
+(`event_record(seal=True)`) and its seal appended to the global chain (`audit.chain.append`: on the
 global chain's head, which it holds until the transaction commits), as the engine's fenced end does.
 "pending seal": the end seals its own chain and inserts a PendingSeal row (audit.seals), and a sealer
 thread beside the enders appends the pending seals to the global chain every second (as beat does),
@@ -408,7 +408,7 @@ Command: `python -m bench.audit_chain --enders {" ".join(map(str, args.enders))}
 {date.today().isoformat()}, on {machine} (a shared machine: other work ran beside it, so the figures are
 noisy); embedded PostgreSQL ({f["server"]}). Each ender is a thread ending runs one after another, as
 a worker process does: a step's event in the run's chain, then in one transaction the run's last
-event (sealing its chain) and its seal in the global chain (`run_chain_seal`, the statement that
+event (sealing its chain) and its seal appended to the global chain (`audit.chain.append`, which
 locks the global head until the commit), as the engine's fenced end does; "run chain only" leaves
 the global seal out. Held: from the global seal's statement (or where it would be) to the end of the
 commit, p50, the wait for the head included when enders contend; without the seal it is the commit

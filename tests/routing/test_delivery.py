@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
-from routing.engine.fence import record_event
 
 from accounts.models import Role
 from audit.models import AuditEvent
@@ -32,7 +31,9 @@ from audit.verify import verify
 from conductor_web import embedded
 from conductor_web.celery import worker_command
 from routing import engine
+from routing.engine.changes import Change, Event
 from routing.engine.claim import claim_run
+from routing.engine.executor import apply
 from routing.engine.planning import ensure_plan
 from routing.models import Attempt, Decision, Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
@@ -124,8 +125,12 @@ def test_a_stale_claim_cannot_write(live_pool):
         stale = claim_run(run.pk)
     claim_run(run.pk)  # another process's claim
 
-    with pytest.raises(engine.Fenced), transaction.atomic():
-        record_event(stale, "step.started", stale.run, {})
+    # Compiled (on what the stale claim read) or plain (under the run's lock), the change writes nothing.
+    change = Change(by=(), events=(Event("step.started", stale.run, {}),))
+    before = AuditEvent.objects.filter(correlation_id=run.correlation_id).count()
+    with pytest.raises(engine.ClaimLost):
+        apply(stale, lambda assumed: change)
+    assert AuditEvent.objects.filter(correlation_id=run.correlation_id).count() == before
     assert not Run.objects.get(pk=run.pk).steps.exists()
 
 
