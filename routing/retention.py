@@ -15,7 +15,8 @@ from audit import signing
 from audit.actions import Action
 from audit.chain import canonical, run_chain
 from audit.checkpoints import purge_body
-from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold
+from audit.models import AuditEvent, ChainHead, ChainPurge, LegalHold, PendingSeal
+from audit.seals import seal_pending
 from audit.services import Actor, event_record
 
 from .holds import holds_active
@@ -64,6 +65,9 @@ def kept_after_purge(task_id: Any) -> dict[str, list[list[Any]]]:
 
 
 def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
+    # A chain is emptied only once its seal is in the global chain: its seal is what verification
+    # checks the purge against. The sealer runs first, for any run that ended a moment ago.
+    seal_pending()
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.purged_at is not None or holds_active(task.pk).exists():
@@ -71,6 +75,9 @@ def task_purge(*, task: Task, actor: Actor, now: datetime) -> None:
         runs = list(Run.objects.filter(task=task))
         if any(run.status not in (RunStatus.SUCCEEDED, RunStatus.FAILED) for run in runs):
             return  # a run still going: its chain is open
+        names = [run_chain(run.correlation_id) for run in runs]
+        if PendingSeal.objects.filter(chain__in=names, seal_event_id__isnull=True).exists():
+            return  # a seal not yet in the global chain (another sealer holds it): the next purge
         chains = []
         for run in runs:
             name = run_chain(run.correlation_id)
