@@ -103,12 +103,13 @@ def test_the_judge_scores_the_final_answer_and_its_call_is_costed_and_audited(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(judge_worker):
-    """The second judged run ends in one statement (the global chain has a head by then): the judge's
-    event, then the sealing event, the judge's cost in the run's totals, the task's and the seal's."""
+    """A judged run ends in one statement: the judge's event, then the sealing event, the judge's cost
+    in the run's totals, the task's, and its pending seal, which the sealer appends."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     from audit.models import GLOBAL_CHAIN
+    from audit.seals import seal_pending
     from audit.verify import verify
 
     judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
@@ -116,7 +117,7 @@ def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(j
     judge_worker.program("grader", [Reply("CORRECT", prompt_tokens=300, completion_tokens=2)])
     with CaptureQueriesContext(connection) as captured:
         run = judged_run()
-    (end,) = [q["sql"] for q in captured.captured_queries if "server_event AS (INSERT INTO" in q["sql"]]
+    (end,) = [q["sql"] for q in captured.captured_queries if 'INSERT INTO "audit_pendingseal"' in q["sql"]]
     assert end.startswith("WITH run_as_assumed AS") and '"action": "score.judged"' in end
 
     events = list(AuditEvent.objects.filter(correlation_id=run.correlation_id).order_by("seq"))
@@ -132,6 +133,7 @@ def test_a_judged_run_ended_in_one_statement_records_the_judge_before_its_seal(j
         run.input_tokens,
         run.output_tokens,
     )
+    assert seal_pending() >= 1
     seal = AuditEvent.objects.get(chain=GLOBAL_CHAIN, action="run.sealed", object_id=str(run.pk))
     assert seal.payload["hash"] == events[-1].hash
     assert verify().intact
