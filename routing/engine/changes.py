@@ -13,7 +13,7 @@ change (`+`), applied once.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -34,10 +34,6 @@ class RowUpdate:
     obj: Model
     values: Mapping[str, Any]
     only_if: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def model(self) -> type[Model]:
-        return type(self.obj)
 
 
 @dataclass(frozen=True)
@@ -70,13 +66,12 @@ class Cost:
 
 @dataclass(frozen=True)
 class Expect:
-    """What a change assumes of the run beyond this process's claim: its claim `epoch` and `status`
-    as read (a claim, which raises the epoch itself), and that every step is settled but the one the
+    """What a change assumes of the run beyond this process's claim: its `status` as read (a claim,
+    which raises the claim's epoch itself), and that every step is settled but the one the
     change settles (`settled_but`: a run's end, with its last step's success or without). `durable`
     False: the commit need not wait for the WAL's flush (a claim: lost in a crash of the server, the
     run is as it was, and delivered again)."""
 
-    epoch: int | None = None
     status: str | None = None
     settled: bool = False
     settled_but: int | None = None
@@ -84,7 +79,6 @@ class Expect:
 
     def __add__(self, other: Expect) -> Expect:
         return Expect(
-            epoch=self.epoch if self.epoch is not None else other.epoch,
             status=self.status if self.status is not None else other.status,
             settled=self.settled or other.settled,
             settled_but=self.settled_but if self.settled_but is not None else other.settled_but,
@@ -170,7 +164,3 @@ def inserted(obj: Model, by: By) -> Model:
     if status is not None:
         check_move(type(obj), None, status, by)
     return obj
-
-
-def with_result(change: Change, result: Any) -> Change:
-    return replace(change, result=result)

@@ -119,45 +119,30 @@ def step_started(
     `answers`: responses of visible steps not yet on their instances (recorded by the change this one
     is applied with). A check that says no makes it the step's failure, and the run stops
     (`Change.stops`). Its result: the call."""
-    if call is None:
+    if call is None:  # a conductor step
         assert step is not None and step.is_conductor
-        return Change(
-            by=(By.STEP_STARTED,),
-            updates=(
-                moved(
-                    step,
-                    By.STEP_STARTED,
-                    status=StepStatus.RUNNING,
-                    started_at=step.started_at or timezone.now(),
-                ),
-            ),
-            events=(
-                Event(Action.STEP_STARTED, step, started_payload(execution, step, visible, answers, [])),
-            ),
-        )
-    step = call.step
-    refused = _refused(execution, step, assumed)
-    if refused is not None:
-        stop, note = refused
-        return replace(step_failed(step, str(stop), note=note), stops=stop)
-    worker = workers_as_of(assumed.workers_stamp)[step.worker_slug]
-    messages = build_messages(step, visible, answers)
-    attempt = Attempt(step=step, number=call.number, started_at=timezone.now())
-    inserted(attempt, By.STEP_STARTED)
-    started = replace(call, worker=worker, attempt=attempt)  # type: ignore[arg-type]
+        values: dict[str, Any] = {"started_at": step.started_at or timezone.now()}
+        messages: list[dict[str, str]] = []
+        inserts: tuple[Attempt, ...] = ()
+        started = None
+    else:
+        step = call.step
+        refused = _refused(execution, step, assumed)
+        if refused is not None:
+            stop, note = refused
+            return replace(step_failed(step, str(stop), note=note), stops=stop)
+        messages = build_messages(step, visible, answers)
+        # A resumed step keeps its first start; a start built again is now again, not the first try's.
+        values = {"started_at": call.started_at or timezone.now(), "messages_sent": messages}
+        attempt = Attempt(step=step, number=call.number, started_at=timezone.now())
+        inserted(attempt, By.STEP_STARTED)
+        inserts = (attempt,)
+        worker = workers_as_of(assumed.workers_stamp)[step.worker_slug]
+        started = replace(call, worker=worker, attempt=attempt)  # type: ignore[arg-type]
     return Change(
         by=(By.STEP_STARTED,),
-        updates=(
-            moved(
-                step,
-                By.STEP_STARTED,
-                status=StepStatus.RUNNING,
-                # A resumed step keeps its first start; a start built again is now again, not the first try's.
-                started_at=call.started_at or timezone.now(),
-                messages_sent=messages,
-            ),
-        ),
-        inserts=(attempt,),
+        updates=(moved(step, By.STEP_STARTED, status=StepStatus.RUNNING, **values),),
+        inserts=inserts,
         events=(
             Event(Action.STEP_STARTED, step, started_payload(execution, step, visible, answers, messages)),
         ),
