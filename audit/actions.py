@@ -10,6 +10,7 @@ class Action(StrEnum):
     ATTEMPT_FAILED = "attempt.failed"
     AUDIT_CHECKPOINT = "audit.checkpoint"
     AUDIT_EXPORTED = "audit.exported"
+    AUDIT_LOG_GROWN = "audit.log_grown"
     AUDIT_VERIFIED = "audit.verified"
     AUTH_LOCKED_OUT = "auth.locked_out"
     AUTH_LOGIN = "auth.login"

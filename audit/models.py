@@ -116,6 +116,9 @@ class PendingSeal(models.Model):
     # The global chain's run.sealed event once appended: an id, not a foreign key (no constraint
     # checked on every mark; verification checks it names this chain's seal).
     seal_event_id = models.BigIntegerField(null=True, blank=True)
+    # Its leaf in the log's Merkle tree (audit.log), set by the sealer with seal_event_id: the leaf is
+    # proof.seal_leaf of this row's chain, seq, hash and run.
+    leaf_index = models.BigIntegerField(null=True, blank=True, unique=True)
 
     class Meta:
         indexes = [
@@ -129,9 +132,25 @@ class PendingSeal(models.Model):
         return f"seal of {self.chain}@{self.seq} ({state})"
 
 
+class LogNode(models.Model):
+    """A complete node of the log's Merkle tree (audit.merkle): level 0 holds the leaf hashes, level L
+    node i the hash of leaves [i * 2**L, (i + 1) * 2**L). Written once, by the sealer, never changed
+    (a trigger refuses): any root, audit path or consistency proof is O(log n) of these rows."""
+
+    pk = models.CompositePrimaryKey("level", "index")
+    level = models.SmallIntegerField()
+    index = models.BigIntegerField()
+    hash = models.BinaryField(max_length=32)
+
+    def __str__(self) -> str:
+        return f"log node {self.level}/{self.index}"
+
+
 class Checkpoint(models.Model):
-    """A signed statement of the chain heads that moved since the previous checkpoint, linked to it by
-    number and hash; written out of the database as a file, which is what verification trusts."""
+    """A signed tree head: the log's size and root and the global chain's head, signed as a C2SP
+    checkpoint note (audit.note), numbered and linked to the previous one; written out of the database
+    as a file, which is what verification trusts. (Checkpoints of format 2, before the log, signed the
+    heads of the chains that moved instead; they still verify.)"""
 
     number = models.PositiveBigIntegerField(null=True, unique=True, help_text="1, 2, 3...: gaps show")
     created_at = models.DateTimeField()
@@ -141,6 +160,8 @@ class Checkpoint(models.Model):
     signature = models.CharField(max_length=200)
     key_id = models.CharField(max_length=64)
     file_name = models.CharField(max_length=200)
+    # The signed note, as its file holds it (empty for checkpoints of format 2).
+    note = models.TextField(blank=True, db_default="")
 
     class Meta:
         ordering = ["-id"]

@@ -74,3 +74,19 @@ def money(value: Any) -> Decimal | None:
         return Decimal(str(value)) if value is not None else None
     except InvalidOperation:
         return None
+
+
+def seal_leaf(*, chain: str, seq: int, hash_: str, object_type: str, object_id: str, task_id: Any) -> bytes:
+    """The leaf of the audit log (audit.merkle) that records run chain `chain` closed at (`seq`,
+    `hash_`): the run's seal, as the canonical JSON of what its pending seal holds. A bundle's verifier
+    rebuilds it from the chain's last event and the run it names."""
+    return canonical(
+        {
+            "chain": chain,
+            "seq": seq,
+            "hash": hash_,
+            "object_type": object_type,
+            "object_id": str(object_id),
+            "task_id": str(task_id) if task_id else None,
+        }
+    )

@@ -190,6 +190,9 @@ AUDIT_CHECKPOINT_EVERY_S = env_int("AUDIT_CHECKPOINT_EVERY_S", 5, minimum=1)
 # calls a seal still pending after AUDIT_SEAL_GRACE_S overdue.
 AUDIT_SEAL_EVERY_S = env_float("AUDIT_SEAL_EVERY_S", 1.0, minimum=0.1)
 AUDIT_SEAL_GRACE_S = env_int("AUDIT_SEAL_GRACE_S", 60, minimum=1)
+# The log's name: the first line of every signed tree head and the name of its key (a C2SP origin, a
+# schema-less URL of the deployment; no spaces, no '+').
+AUDIT_LOG_ORIGIN = env_str("AUDIT_LOG_ORIGIN", "conductor-web.localhost/audit")
 # Days a task's data and its run's audit chain are kept, per data class; at least 180 (six months).
 RETENTION_DAYS = {
     "public": env_int("RETENTION_DAYS_PUBLIC", 365, minimum=180),

@@ -73,6 +73,13 @@ def _audit_triggers_on(request):
 
 
 @pytest.fixture(autouse=True)
+def _private_checkpoints(settings, tmp_path):
+    """Each test's signed checkpoints in a folder of its own: the sealer signs one after every batch,
+    and a verification reads every file of the folder (another test's would name rows it lacks)."""
+    settings.AUDIT_CHECKPOINT_DIR = tmp_path / "checkpoints"
+
+
+@pytest.fixture(autouse=True)
 def _fast_retries(settings):
     settings.CONDUCTOR_RETRY_BACKOFF_S = 0.01
     settings.CONDUCTOR_RETRY_BACKOFF_MAX_S = 0.05

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
 from .. import signing
 from ..checkpoints import body_digest, checkpoint_files, row_matches_file
@@ -21,6 +23,7 @@ from ..models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint
 from .chains import BATCH, HEAD_BATCH, _event_id, _Seal, _seal_problems, _unsigned, _Walk
 from .pending import all_end_problems
 from .report import Problem, Report, hash_short
+from .tree import tree_problems
 
 
 def _verify_all(*, key: Ed25519PublicKey, use_checkpoint: bool, directory: Path) -> Report:
@@ -173,6 +176,7 @@ def _anchor_problems(
         tuple[int, dict[str, Any], str]
     ] = []  # (number, signed document, label) waiting for their rows
     pending: list[tuple[str, int, str, str]] = []
+    trees: list[tuple[str, int, bytes]] = []  # (label, size, root) each signed tree head says
     reported: set[str] = set()
     previous: Any = None
     latest_at: datetime | None = None
@@ -222,6 +226,8 @@ def _anchor_problems(
         report.checkpoint_number = number
         report.checkpoint_at = item.body.get("created_at")
         latest_at = datetime.fromisoformat(report.checkpoint_at) if report.checkpoint_at else latest_at
+        if item.tree is not None:
+            trees.append((label, *item.tree))
         for name, (seq, head_hash) in item.heads.items():
             signed.add(name, seq)
             if seq:
@@ -236,10 +242,33 @@ def _anchor_problems(
     yield from _file_rows(report, files)
     signed.flush()
     seen.flush()
-    yield from _database_against_files(directory, latest_at)
+    if not report.checkpoints_checked:
+        yield from _nothing_signed(report)
+    yield from tree_problems(trees)
+    signed_size = trees[-1][1] if trees else 0
+    yield from _database_against_files(directory, latest_at, signed_size)
 
 
-def _database_against_files(directory: Path, latest_at: datetime | None) -> Iterator[Problem]:
+def _nothing_signed(report: Report) -> Iterator[Problem]:
+    """A record with events and not one signed checkpoint proves nothing: said, whatever else holds
+    (unless its first event is younger than the first checkpoint beat would have made)."""
+    first = AuditEvent.objects.order_by("id").only("occurred_at").first()
+    grace = timedelta(seconds=2 * settings.AUDIT_CHECKPOINT_EVERY_S + 60)
+    if first is not None and timezone.now() - first.occurred_at > grace:
+        yield Problem(
+            "unsigned",
+            None,
+            GLOBAL_CHAIN,
+            None,
+            f"NOTHING IS SIGNED: the record holds {report.events} events since {first.occurred_at.isoformat()}, "
+            "but no signed checkpoint: none of it is proven against the key (were the checkpoints deleted?)",
+            expected="signed checkpoint files in the checkpoint folder",
+        )
+
+
+def _database_against_files(
+    directory: Path, latest_at: datetime | None, signed_size: int
+) -> Iterator[Problem]:
     """The checkpoint rows and events the files do not account for, and the seals after the latest
     checkpoint left unsigned too long (verify_seen, verify_signed: what the files held)."""
     table = Checkpoint._meta.db_table
@@ -269,13 +298,16 @@ def _database_against_files(directory: Path, latest_at: datetime | None) -> Iter
             f"this audit.checkpoint event names checkpoint row {row_id} ({_json(raw).get('file', '')}), which is gone",
         )
     if latest_at is not None:
-        for raw, seal_id, sealed_at, signed_seq in _stream(
+        for raw, seal_id, sealed_at, signed_seq, leaf in _stream(
             f"SELECT s.payload, s.id, s.occurred_at,"  # noqa: S608
-            " (SELECT max(v.seq) FROM verify_signed v WHERE v.chain = s.payload->>'chain')"
+            " (SELECT max(v.seq) FROM verify_signed v WHERE v.chain = s.payload->>'chain'),"
+            " (SELECT l.leaf_index FROM audit_pendingseal l WHERE l.chain = s.payload->>'chain')"
             f" FROM {_SEALS} AND NOT EXISTS (SELECT 1 FROM {_PURGES} p WHERE p.chain = s.payload->>'chain')",
             [GLOBAL_CHAIN],
         ):
             payload = _json(raw)
+            if leaf is not None and leaf < signed_size:
+                continue  # its leaf is in a signed tree head
             seal = _Seal(payload.get("seq", 0), payload.get("hash", ""), seal_id, sealed_at)
             yield from _unsigned(payload.get("chain", ""), seal, signed_seq or 0, latest_at)
 

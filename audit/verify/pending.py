@@ -60,6 +60,17 @@ def end_problems(end: ChainEnd, *, now: datetime) -> Iterator[Problem]:
         return
     if row.seal_event_id is not None:
         why = _not_its_seal(row, end.named)
+        late = _unlogged(row, now=now) if row.leaf_index is None else None
+        if late is not None:
+            yield Problem(
+                "unlogged",
+                None,
+                end.chain,
+                row.seq,
+                f"its seal #{row.seal_event_id} is in the global chain, but it has no leaf in the log: {late}",
+                expected="its leaf in the log's Merkle tree (the sealer adds it with the seal)",
+                near_id=row.seal_event_id,
+            )
         if why is not None:
             yield Problem(
                 "pending",
@@ -146,6 +157,27 @@ def _overdue(row: PendingSeal, *, now: datetime) -> str | None:
     return None
 
 
+def _unlogged(row: PendingSeal, *, now: datetime) -> str | None:
+    """Why a sealed row's missing leaf is late (the sealer gives each row its leaf in id order, with its
+    seal or, for a row sealed before the log, at its next batch), or None."""
+    waited = now - row.created_at
+    if waited > timedelta(seconds=settings.AUDIT_SEAL_GRACE_S) and not _sealed_before_the_log(row):
+        return f"it has waited {int(waited.total_seconds())} s, longer than AUDIT_SEAL_GRACE_S"
+    later = (
+        PendingSeal.objects.filter(pk__gt=row.pk, leaf_index__isnull=False)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if later is not None:
+        return f"the later pending seal row {later} has its leaf: the sealer passed this one over"
+    return None
+
+
+def _sealed_before_the_log(row: PendingSeal) -> bool:
+    """A row sealed before the log had any leaf waits for the sealer's next batch, however old."""
+    return not PendingSeal.objects.filter(leaf_index__isnull=False).exists()
+
+
 # The first pending seal after `row_id` (in id order) whose seal occurred after `settled_at`.
 _PASSED_OVER = (
     "SELECT l.id, s.occurred_at FROM audit_pendingseal l JOIN audit_auditevent s ON s.id = l.seal_event_id "
@@ -175,7 +207,7 @@ def run_end_problems(name: str, events: list[AuditEvent], sealed_by: int | None)
 
 # The chains of a full verification whose end may not hold (verify_tail: each chain's last event):
 # an ended run chain with neither a seal nor a pending row; a pending row not yet sealed; a pending row
-# whose seal_event_id does not name a seal of its chain at its seq and hash. Each with its last event's
+# whose seal_event_id does not name a seal of its chain at its seq and hash; a sealed row with no leaf. Each with its last event's
 # id, its first seal's id and its pending row's id.
 _CANDIDATES = """
     SELECT coalesce(t.chain, p.chain), t.id,
@@ -188,7 +220,7 @@ _CANDIDATES = """
     WHERE (p.id IS NULL AND t.chain LIKE 'run:%%' AND e.action = ANY(%(ends)s)
             AND NOT EXISTS (SELECT 1 FROM audit_auditevent s WHERE s.chain = %(global_chain)s
                 AND s.action = 'run.sealed' AND s.payload->>'chain' = t.chain))
-        OR (p.id IS NOT NULL AND p.seal_event_id IS NULL)
+        OR (p.id IS NOT NULL AND (p.seal_event_id IS NULL OR p.leaf_index IS NULL))
         OR (p.seal_event_id IS NOT NULL AND (n.id IS NULL OR n.chain <> %(global_chain)s
             OR n.action <> 'run.sealed' OR n.payload->>'chain' IS DISTINCT FROM p.chain
             OR n.payload->>'seq' IS DISTINCT FROM p.seq::text OR n.payload->>'hash' IS DISTINCT FROM p.hash))

@@ -5,6 +5,7 @@ with what was expected.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..templatetags.display import time_text
 
@@ -38,6 +39,8 @@ class Report:
     checkpoint_at: str | None = None
     checkpoints_checked: int = 0
     anchor: str = ""  # where the signed checkpoints were read from
+    # One run's proof: its leaf's inclusion in the latest signed tree head (audit.inclusion), if logged.
+    inclusion: dict[str, Any] | None = None
 
     @property
     def intact(self) -> bool:

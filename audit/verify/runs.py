@@ -5,11 +5,15 @@ milliseconds whatever the size of the record). What a dossier shows.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from django.conf import settings
 
+from .. import inclusion, log, merkle
 from ..checkpoints import checkpoint_row, file_matches_row
-from ..models import AuditEvent, ChainPurge, Checkpoint, CheckpointHead
+from ..models import AuditEvent, ChainPurge, Checkpoint, CheckpointHead, PendingSeal
+from ..proof import seal_leaf
 from .chains import _Seal, _seal_of, _seal_problems, _unrecorded_purges, _unsigned, _Walk
 from .pending import run_end_problems
 from .report import Problem, Report, hash_short
@@ -40,7 +44,11 @@ def _verify_runs(chains: list[str], *, key: Ed25519PublicKey, use_checkpoint: bo
         if name not in purges:
             report.problems.extend(run_end_problems(name, events, seal.event_id if seal else None))
         if use_checkpoint and name not in purges:
-            report.problems.extend(_covering_problems(report, name, events, seal, latest, key))
+            row = PendingSeal.objects.filter(chain=name).first()
+            if row is not None and row.leaf_index is not None:
+                report.problems.extend(_log_problems(report, row, events, key))
+            else:  # not in the log yet, or sealed before it: the checkpoints that signed its heads
+                report.problems.extend(_covering_problems(report, name, events, seal, latest, key))
     report.problems.extend(_unrecorded_purges(purges, sealed, chains))
     return report
 
@@ -64,7 +72,7 @@ def _covering_problems(
         if not checkpoint_row(checkpoint, key=key).signature_ok:
             yield Problem("checkpoint", None, name, row.seq, f"{label}: its signature does not hold")
             return
-        why = file_matches_row(checkpoint)
+        why = file_matches_row(checkpoint, key=key)
         if why is not None:
             yield Problem("checkpoint", None, name, row.seq, why)
         signed = checkpoint.body.get("heads", {}).get(name)
@@ -96,3 +104,69 @@ def _covering_problems(
             )
     if seal is not None and latest is not None:
         yield from _unsigned(name, seal, signed_seq, latest.created_at)
+
+
+def _log_problems(
+    report: Report, row: PendingSeal, events: list[AuditEvent], key: Ed25519PublicKey
+) -> Iterator[Problem]:
+    """A logged run chain: its leaf, rebuilt from the chain's last event, leads by the audit path of
+    the stored tree to the root that the latest signed tree head signs."""
+    name = row.chain
+    head = inclusion.latest_tree_head()
+    try:
+        proof = inclusion.of_row(row, head=head)
+    except log.LogError as exc:
+        yield Problem("log", None, name, row.seq, f"its leaf {row.leaf_index} cannot be proven: {exc}")
+        return
+    if proof is None:  # logged after the latest signed tree head
+        grace = timedelta(seconds=2 * settings.AUDIT_SEAL_EVERY_S + 60)
+        if head is not None and head.created_at > row.created_at + grace:
+            yield Problem(
+                "unsigned",
+                None,
+                name,
+                row.seq,
+                f"its leaf {row.leaf_index} is in the log, but the latest signed tree head (checkpoint "
+                f"{head.number}, {head.body['tree']['size']} leaves) does not cover it",
+                expected=f"a signed tree head of more than {row.leaf_index} leaves",
+            )
+        return
+    checkpoint = proof.checkpoint
+    label = f"checkpoint {checkpoint.number or checkpoint.pk}"
+    report.checkpoint_id, report.checkpoint_number = checkpoint.pk, checkpoint.number
+    report.checkpoint_at = checkpoint.created_at.isoformat()
+    report.checkpoints_checked += 1
+    report.inclusion = proof.document()
+    if not checkpoint_row(checkpoint, key=key).signature_ok:
+        yield Problem("checkpoint", None, name, row.seq, f"{label}: its signature does not hold")
+        return
+    why = file_matches_row(checkpoint, key=key)
+    if why is not None:
+        yield Problem("checkpoint", None, name, row.seq, why)
+    tail = events[-1] if events else None
+    leaf = (
+        seal_leaf(
+            chain=name,
+            seq=tail.seq,
+            hash_=tail.hash,
+            object_type=row.object_type,
+            object_id=row.object_id,
+            task_id=row.task_id,
+        )
+        if tail is not None
+        else b""
+    )
+    if not merkle.inclusion_verify(
+        proof.leaf_index, proof.tree_size, merkle.leaf_hash(leaf), proof.path, proof.root
+    ):
+        ends = f"seq {tail.seq} (hash {hash_short(tail.hash)})" if tail is not None else "no event"
+        yield Problem(
+            "log",
+            tail.pk if tail is not None else None,
+            name,
+            row.seq,
+            f"its chain ends at {ends}, but that end is not leaf {proof.leaf_index} of the tree {label} "
+            f"signs ({proof.tree_size} leaves): the chain, its seal or the log was changed after it was signed",
+            expected=f"the audit path of leaf {proof.leaf_index} to lead to root {hash_short(proof.root.hex())}",
+            near_id=tail.pk if tail is not None else None,
+        )

@@ -27,8 +27,9 @@ def audit_files(settings, tmp_path):
 
 
 @pytest.fixture
-def finished_run(live_pool):
-    """A two-step run that succeeded: its chain is sealed into the global chain."""
+def finished_run(live_pool, audit_files):
+    """A two-step run that succeeded: its chain is sealed into the global chain and the log, and the
+    sealer signed the tree head (with the test's own key: audit_files, set up first)."""
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Draft", []), ("beta", "Check", "all")))])
     server.program("alpha", [Reply("draft: 42")])
