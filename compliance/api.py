@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import mixins, renderers, serializers, viewsets
@@ -19,14 +19,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.roles import AUDIT_ROLES
-from audit import signing
+from audit import inclusion, log, signing
 from audit.actions import Action
 from audit.exports import FIELDS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
+from audit.inclusion import latest_tree_head
 from audit.models import AuditEvent
 from audit.services import Actor, event_record
 from audit.verify import verify
 from utilities import params
+from utilities.params import InvalidParameter
 
 from . import selectors
 from .pagination import EventCursorPagination
@@ -192,6 +194,84 @@ class PublicKeyView(APIView):
         if offered is None:
             raise NotFound("no audit signing key yet")
         return Response(offered)
+
+
+MAX_LEAVES = 10**15
+
+
+class LogCheckpointView(APIView):
+    """The log's latest signed tree head, as its file holds it: a C2SP checkpoint note (text/plain),
+    what a witness keeps and what `manage.py audit_witness` and any tlog verifier read."""
+
+    required_roles = READ
+    renderer_classes = [renderers.StaticHTMLRenderer]
+
+    @extend_schema(responses=OpenApiResponse(OpenApiTypes.STR, description="The signed checkpoint note"))
+    def get(self, request: Request) -> HttpResponse:
+        head = latest_tree_head()
+        if head is None:
+            raise NotFound("the log has no signed tree head yet")
+        return HttpResponse(head.note, content_type="text/plain; charset=utf-8")
+
+
+class LogConsistencyView(APIView):
+    """The proof (RFC 9162 2.1.4) that the tree of `to` leaves (default: the latest signed tree head's)
+    extends the tree of `from` leaves: what an auditor holding an old checkpoint checks
+    (audit.witness.check, or any RFC 9162 verifier)."""
+
+    required_roles = READ
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("from", int, required=True, description="The size of the tree you kept"),
+            OpenApiParameter("to", int, description="The size to prove (default: the latest signed)"),
+        ],
+        responses=OpenApiResponse(OpenApiTypes.OBJECT, description="from, to, proof (hex), checkpoint"),
+    )
+    def get(self, request: Request) -> Response:
+        head = latest_tree_head()
+        if head is None:
+            raise NotFound("the log has no signed tree head yet")
+        signed = head.body["tree"]["size"]
+        first = params.integer(request.query_params, "from", maximum=MAX_LEAVES)
+        if first is None:
+            raise InvalidParameter("from", "the size of the tree you kept is required")
+        second = params.integer(request.query_params, "to", default=signed, maximum=MAX_LEAVES)
+        assert second is not None
+        if second > signed:
+            raise InvalidParameter("to", f"the latest signed tree head has {signed} leaves")
+        if first > second:
+            raise InvalidParameter("from", f"must be at most {second}: a log only grows")
+        return Response(
+            {
+                "from": first,
+                "to": second,
+                "proof": [h.hex() for h in log.consistency(first, second)],
+                "checkpoint": head.note if second == signed else None,
+            }
+        )
+
+
+class LogInclusionView(APIView):
+    """A run's inclusion proof: its leaf, its index, the audit path (RFC 9162 2.1.3) and the signed
+    tree head it leads to, for the run chain `chain` (as events name it: run:<correlation id>)."""
+
+    required_roles = READ
+
+    @extend_schema(
+        parameters=[OpenApiParameter("chain", str, required=True, description="run:<correlation id>")],
+        responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The inclusion proof"),
+    )
+    def get(self, request: Request) -> Response:
+        correlation = params.uuid(
+            {"id": params.text(request.query_params, "chain").removeprefix("run:")}, "id"
+        )
+        if not correlation:
+            raise InvalidParameter("chain", "a run chain, run:<correlation id>, is required")
+        proof = inclusion.of_chain(f"run:{correlation}")
+        if proof is None:
+            raise NotFound("this run chain is not in a signed tree head (yet)")
+        return Response(proof.document())
 
 
 def record(request: HttpRequest, action: str, payload: dict[str, Any]) -> None:

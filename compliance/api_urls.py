@@ -13,6 +13,9 @@ log_patterns = [
     path("policies/", api.PolicyReportView.as_view(), name="policies"),
     path("verify/", api.VerifyView.as_view(), name="verify"),
     path("public-key/", api.PublicKeyView.as_view(), name="public-key"),
+    path("log/checkpoint/", api.LogCheckpointView.as_view(), name="log-checkpoint"),
+    path("log/consistency/", api.LogConsistencyView.as_view(), name="log-consistency"),
+    path("log/inclusion/", api.LogInclusionView.as_view(), name="log-inclusion"),
 ]
 
 task_patterns = [

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.checkpoints import checkpoint_create
-from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LegalHold
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LegalHold, PendingSeal
 from audit.services import Actor, legal_hold_place, legal_hold_release
 from audit.verify import verify
 from routing import review
@@ -195,19 +195,20 @@ def test_a_task_that_has_not_finished_is_never_purged(live_pool):
     assert not Attempt.objects.exists()
 
 
-def test_a_chain_signed_open_in_a_checkpoint_and_purged_later_still_verifies(live_pool, audit_files):
+def test_a_chain_logged_and_signed_then_purged_later_still_verifies(live_pool, audit_files):
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
     server.program("alpha", [Reply("42")])
     run = submit("What is 6 * 7?")
     checkpoint = checkpoint_create()
     name = f"run:{run.correlation_id}"
-    assert name in checkpoint.body["heads"]  # still open when signed
-    run = run_now(run)
+    run = run_now(run)  # sealed into the log, and signed
+    assert PendingSeal.objects.get(chain=name).leaf_index == 0
     Task.objects.filter(pk=run.task_id).update(finished_at=timezone.now() - timedelta(days=400))
 
     assert [t.pk for t in retention_purge()] == [run.task_id]
 
     assert not AuditEvent.objects.filter(chain=name).exists()
     report = verify()
-    assert report.intact and report.checkpoint_id == checkpoint.pk, report.summary()
+    assert report.intact and report.checkpoint_number > checkpoint.number, report.summary()
+    assert PendingSeal.objects.get(chain=name).leaf_index == 0  # its leaf outlives its events

@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from accounts.models import Role
 from audit import chain as audit_chain
-from audit import signing
+from audit import log, merkle, signing
 from audit.checkpoints import checkpoint_create, purge_body
-from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint, PendingSeal
 from audit.verify import verify
 from routing.models import Attempt, Run, RunStatus, Step
 from tests.audit.support import audit_verify, expected_hash, rehash, run_now, sql, submit, triggers_off
@@ -78,18 +78,21 @@ def test_rehashed_chains_with_their_checkpoint_rows_deleted_are_caught_by_the_si
     rewrite_run_and_its_seal(finished_run)
     with triggers_off():
         sql("DELETE FROM audit_checkpointhead")
-        assert sql("DELETE FROM audit_checkpoint") == 1
+        assert sql("DELETE FROM audit_checkpoint") == checkpoint.number  # the sealer's and this one
 
     # What the database holds links up perfectly: the old verifier said "intact".
     assert verify(use_checkpoint=False, rows=False).intact
     report = verify(rows=False)
     assert not report.intact
     details = {p.detail for p in report.problems}
-    assert f"checkpoint 1 ({checkpoint.file_name}): its row is gone from the database" in details
-    assert any(
-        p.kind == "checkpoint" and p.chain == name and "differs from the signed head" in p.detail
-        for p in report.problems
-    ), report.problems
+    assert (
+        f"checkpoint {checkpoint.number} ({checkpoint.file_name}): its row is gone from the database"
+        in details
+    )
+    # The run's rewritten end is not the leaf the log holds for it, whose root the files signed.
+    assert any(p.kind == "log" and f"is not the leaf of {name}" in p.detail for p in report.problems), (
+        report.problems
+    )
     assert any(
         p.chain == GLOBAL_CHAIN and "differs from the signed head" in p.detail for p in report.problems
     ), report.problems
@@ -106,18 +109,22 @@ def test_rehashed_chains_with_their_checkpoint_rows_deleted_are_caught_by_the_si
 
 def test_every_checkpoint_is_checked_not_only_the_latest(finished_run, audit_files):
     first = checkpoint_create()
-    name = chain_of(finished_run)
-    signed_seq, _ = first.body["heads"][name]
-    later = checkpoint_create()
-    assert name not in later.body["heads"], "only chains that moved are signed again"
+    checkpoint_create()
+    # The whole tree rewritten to the forged leaf, every node recomputed: only the signed roots hold.
     rewrite_run_and_its_seal(finished_run)
+    leaf = log.leaf_of(PendingSeal.objects.get(chain=chain_of(finished_run)))
+    with triggers_off():
+        sql("UPDATE audit_lognode SET hash = %s WHERE level = 0 AND index = 0", [merkle.leaf_hash(leaf)])
 
     report = verify(rows=False)
-    assert report.checkpoints_checked == 2
-    assert any(
-        p.chain == name and p.detail.startswith(f"checkpoint 1 ({first.file_name}): event #")
-        for p in report.problems
-    ), report.problems
+    assert report.checkpoints_checked == 3
+    for number in range(1, 4):
+        assert any(
+            p.kind == "log"
+            and p.detail.startswith(f"checkpoint {number} (")
+            and "the tree was rewritten" in p.detail
+            for p in report.problems
+        ), (number, report.problems)
 
 
 def test_a_checkpoint_file_signed_with_another_key_is_refused_whatever_key_it_carries(
@@ -176,9 +183,10 @@ def test_a_checkpoint_file_removed_from_the_middle_is_missing_by_number(finished
     checkpoint_create()
     (audit_files.AUDIT_CHECKPOINT_DIR / second.file_name).unlink()
 
+    n = second.number
     details = [p.detail for p in verify(rows=False).problems]
-    assert any("checkpoint files 2..2 are missing" in d for d in details), details
-    assert any(f"checkpoint 2 (row {second.pk}) has no file" in d for d in details), details
+    assert any(f"checkpoint files {n}..{n} are missing" in d for d in details), details
+    assert any(f"checkpoint {n} (row {second.pk}) has no file" in d for d in details), details
 
 
 # --- 2. a purge must be signed ---------------------------------------------------------------------
@@ -295,10 +303,10 @@ def test_a_changed_row_is_named_against_the_event_that_recorded_it(
 def test_an_intact_run_has_no_row_differences_and_its_dossier_says_intact(
     finished_run, audit_files, make_user
 ):
-    checkpoint_create()
+    checkpoint = checkpoint_create()
     report = verify(chains=[chain_of(finished_run)])
     assert report.intact, report.problems
-    assert report.checkpoint_number == 1
+    assert report.checkpoint_number == checkpoint.number and report.inclusion["leaf_index"] == 0
     client = Client()
     client.force_login(make_user("ann", Role.AUDITOR))
     page = client.get(f"/audit/tasks/{finished_run.task_id}/").content.decode()
@@ -308,7 +316,7 @@ def test_an_intact_run_has_no_row_differences_and_its_dossier_says_intact(
 # --- 4. the window after the last checkpoint ---------------------------------------------------------
 
 
-def test_beat_checkpoints_only_when_a_chain_moved_and_signs_a_sealed_head(live_pool, audit_files):
+def test_beat_checkpoints_only_when_a_chain_moved_and_the_sealer_signs_a_sealed_run(live_pool, audit_files):
     first = checkpoint_create(only_if_moved=True)
     assert first is not None
     assert checkpoint_create(only_if_moved=True) is None, "nothing moved but the checkpoint's own event"
@@ -316,14 +324,13 @@ def test_beat_checkpoints_only_when_a_chain_moved_and_signs_a_sealed_head(live_p
     server = live_pool["server"]
     server.program("conductor", [Reply(plan_json(("alpha", "Answer", [])))])
     server.program("alpha", [Reply("42")])
-    run = run_now(submit())
+    run = run_now(submit())  # sealed, as beat's sealer does, which signs the grown tree
     assert run.status == RunStatus.SUCCEEDED
-    tail = AuditEvent.objects.filter(chain=chain_of(run)).order_by("-seq").first()
-
-    second = checkpoint_create(only_if_moved=True)
-    assert second is not None and second.number == first.number + 1
-    assert second.body["heads"][chain_of(run)] == [tail.seq, tail.hash]
+    second = Checkpoint.objects.order_by("-number").first()
+    assert second.number == first.number + 1 and second.body["tree"]["size"] == 1
+    assert verify(chains=[chain_of(run)]).inclusion["checkpoint_number"] == second.number
     assert second.body["previous"] != first.body["previous"]
+    assert checkpoint_create(only_if_moved=True) is None, "the sealer's checkpoint signed all of it"
 
 
 def test_a_run_rewritten_after_the_checkpoint_that_signed_its_seal_is_caught(live_pool, audit_files):
@@ -336,8 +343,8 @@ def test_a_run_rewritten_after_the_checkpoint_that_signed_its_seal_is_caught(liv
     forged = rewrite_run_and_its_seal(run)
 
     report = verify(chains=[chain_of(run)], rows=False)
-    assert [p.kind for p in report.problems] == ["checkpoint"], report.problems
-    assert "differs from the signed head" in report.problems[0].detail
+    assert [p.kind for p in report.problems] == ["log"], report.problems
+    assert "that end is not leaf 0 of the tree checkpoint" in report.problems[0].detail
     assert forged.seq < report.problems[0].seq
 
 
@@ -407,20 +414,19 @@ def test_one_runs_proof_reads_the_same_few_rows_however_large_the_record(
         server.program("alpha", [Reply("42")])
         return run_now(submit())
 
-    run = one_run()
-    checkpoint_create()
+    run = one_run()  # the sealer signs a tree head after each run's seal
+    one_run()  # a tree of two leaves: its audit path is one node
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as alone:
         assert verify(chains=[chain_of(run)]).intact
-    for _ in range(4):
+    for _ in range(6):
         one_run()
-        checkpoint_create()
     with django_assert_max_num_queries(len(alone.captured_queries)):
         report = verify(chains=[chain_of(run)])
-    assert report.intact and report.checkpoint_number == 1
-    assert Checkpoint.objects.count() == 5 and Decimal(run.cost_usd) > 0
+    assert report.intact and report.checkpoint_number == 8 and len(report.inclusion["audit_path"]) == 3
+    assert Checkpoint.objects.count() == 8 and Decimal(run.cost_usd) > 0
 
 
 # --- 5. every value an auditor reads -----------------------------------------------------------------
