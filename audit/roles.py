@@ -4,6 +4,7 @@ keys are accounts' (accounts.roles, accounts.tokens); this module records who ch
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -65,16 +66,25 @@ def token_create(
             actor=actor or Actor.for_user(user),
             action=Action.TOKEN_CREATED,
             obj=token,
-            payload={
-                "user": user.get_username(),
-                "role": role,
-                "name": name,
-                "prefix": token.prefix,
-                "expires_at": token.expires_at,
-            },
+            payload=token_created_payload(token),
         )
     token.key = key  # type: ignore[attr-defined]  # the one time it is known
     return token
+
+
+def token_created_payload(token: ApiToken) -> dict[str, Any]:
+    """What `token.created` records of a token: the one definition, which verification and every
+    request the token authenticates compare its row with (audit.token_check). Its key by the hash of
+    its stored hash, so that the record names no value found in the table."""
+    return {
+        "user": token.user.get_username(),
+        "user_id": token.user_id,
+        "role": token.role,
+        "name": token.name,
+        "prefix": token.prefix,
+        "expires_at": token.expires_at,
+        "key_hash_sha256": hashlib.sha256(token.key_hash.encode()).hexdigest(),
+    }
 
 
 def token_revoke(*, token: ApiToken, actor: Any) -> bool:

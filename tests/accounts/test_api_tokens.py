@@ -16,7 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
-from accounts.tokens import token_hash
+from accounts.tokens import token_hash, token_key_new
 from audit.models import AuditEvent
 from audit.roles import token_create, token_revoke
 from audit.services import Actor
@@ -64,6 +64,35 @@ def test_the_database_holds_no_token_only_its_hash_and_a_prefix(make_user):
     created = AuditEvent.objects.get(action="token.created", object_id=str(token.pk))
     assert created.payload["prefix"] == row.prefix and row.key_hash not in str(created.payload)
     assert api(token.key).get("/api/tasks/").status_code == 200
+
+
+def test_its_creation_event_binds_the_row_it_authenticates_with(make_user):
+    """What token.created records is what every request the token authenticates is checked against."""
+    ann = make_user("ann", "auditor")
+    token = token_create(user=ann, role="auditor", name="reports", days=7)
+
+    row = ApiToken.objects.get(pk=token.pk)
+    payload = AuditEvent.objects.get(action="token.created", object_id=str(token.pk)).payload
+    assert (payload["user_id"], payload["role"], payload["name"]) == (ann.pk, "auditor", "reports")
+    assert payload["key_hash_sha256"] == hashlib.sha256(row.key_hash.encode()).hexdigest()
+    assert payload["expires_at"].startswith(f"{row.expires_at:%Y-%m-%dT%H:%M:%S}")
+
+
+def test_a_token_no_event_records_authenticates_nobody(make_user):
+    ann = make_user("ann", "auditor")
+    key = token_key_new()
+    ApiToken.objects.create(
+        key_hash=token_hash(key),
+        prefix=key[:10],
+        user=ann,
+        role="auditor",
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+
+    response = api(key).get("/api/tasks/")
+
+    assert response.status_code in (401, 403)  # 403: the session authenticator comes first
+    assert "audit record" in response.json()["detail"]
 
 
 def test_a_token_expires_by_default_after_the_configured_days_and_at_most_the_maximum(make_user, settings):
@@ -216,8 +245,9 @@ def test_grant_role_prints_the_token_once_with_its_expiry(make_user):
 
 @pytest.mark.django_db(transaction=True)  # later migrations build indexes CONCURRENTLY: no transaction
 def test_the_migration_turns_plaintext_keys_into_hashes(make_user):
-    """Migrate audit back to plaintext keys, store one, migrate forward: the key still works, and is
-    nowhere in the database."""
+    """Migrate audit back to plaintext keys, store one, migrate forward: the key is kept as its hash,
+    and is nowhere in the database. No token.created event records it (tokens were not audited then),
+    so it authenticates nobody: its user makes a new one."""
     ann = make_user("ann", "auditor")
     executor = MigrationExecutor(connection)
     before = [("audit", "0002_append_only_triggers")]
@@ -242,4 +272,5 @@ def test_the_migration_turns_plaintext_keys_into_hashes(make_user):
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'audit_apitoken'"
         )
         assert "key" not in {row[0] for row in cursor.fetchall()}
-    assert api(plaintext).get("/api/tasks/").status_code == 200
+    refused = api(plaintext).get("/api/tasks/")
+    assert refused.status_code in (401, 403) and "audit record" in refused.json()["detail"]

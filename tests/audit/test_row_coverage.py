@@ -1,0 +1,106 @@
+"""Rows the proof covers beside runs and tasks: API tokens, saved views, reviewers' names and the plan a
+playground run forces. Each is tampered with by SQL, as a database superuser would; verification must
+name it, and a token the record does not describe must authenticate nobody."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from accounts.models import Role
+from accounts.tokens import token_hash, token_key_new
+from audit.checkpoints import checkpoint_create
+from audit.roles import token_create, token_revoke
+from audit.services import Actor
+from audit.verify import Report, verify
+from tests.audit.support import sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+READ = ("/api/audit/events/", "/api/audit/export.csv")
+
+
+def api(key: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+def named(report: Report, kind: str, *words: str) -> bool:
+    """Whether a problem of `kind` says every one of `words`."""
+    return any(p.kind == kind and all(w in p.sentence() for w in words) for p in report.problems)
+
+
+ROW_KINDS = ("token", "saved_view", "row")
+
+
+def intact_now() -> None:
+    """The rows agree with their events before the tampering (the chains' and checkpoints' own checks
+    are tests/audit/test_tamper.py's)."""
+    checkpoint_create()
+    report = verify()
+    assert not [p for p in report.problems if p.kind in ROW_KINDS], report.problems
+
+
+# --- API tokens -----------------------------------------------------------------------------------
+
+
+def test_a_token_inserted_by_sql_for_an_auditor_is_refused_and_named(audit_files, make_user):
+    ann = make_user("ann", Role.AUDITOR)
+    recorded = token_create(user=ann, role=Role.AUDITOR)
+    assert all(api(recorded.key).get(path).status_code == 200 for path in READ)
+    intact_now()
+
+    key = token_key_new()
+    sql(
+        "INSERT INTO audit_apitoken (key_hash, prefix, user_id, role, name, created_at, expires_at, revoked_by)"
+        " VALUES (%s, %s, %s, 'auditor', 'sql', now(), now() + interval '30 days', '')",
+        [token_hash(key), key[:10], ann.pk],
+    )
+
+    assert all(api(key).get(path).status_code in (401, 403) for path in READ)
+    assert "audit record" in api(key).get(READ[0]).json()["detail"]
+    assert all(api(recorded.key).get(path).status_code == 200 for path in READ)
+    report = verify()
+    assert named(report, "token", f"{key[:10]}", "of ann", "no token.created event records it"), (
+        report.problems
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ("role = 'operator'", ("its role is 'operator' in its row", "recorded 'auditor'")),
+        ("expires_at = expires_at + interval '300 days'", ("its expires_at is",)),
+        ("user_id = %(other)s", ("its user_id is",)),
+        ("key_hash = %(key_hash)s", ("its key_hash_sha256 is",)),
+    ],
+)
+def test_a_token_whose_row_was_changed_by_sql_is_refused_and_named(audit_files, make_user, change, words):
+    ann = make_user("ann", Role.AUDITOR, Role.OPERATOR)
+    root = make_user("root", Role.ADMIN)
+    token = token_create(user=ann, role=Role.AUDITOR, days=7)
+    intact_now()
+    other_key = token_key_new()
+
+    sql(
+        f"UPDATE audit_apitoken SET {change} WHERE id = %(id)s",  # noqa: S608 (the test's own SQL)
+        {"id": token.pk, "other": root.pk, "key_hash": token_hash(other_key)},
+    )
+
+    key = other_key if "key_hash" in change else token.key
+    assert api(key).get(READ[0]).status_code in (401, 403)
+    report = verify()
+    assert named(report, "token", f"(id {token.pk})", *words), report.problems
+
+
+def test_a_revoked_token_revived_by_sql_is_refused_and_named(audit_files, make_user):
+    ann = make_user("ann", Role.AUDITOR)
+    token = token_create(user=ann, role=Role.AUDITOR)
+    token_revoke(token=token, actor=Actor.for_user(ann))
+    intact_now()
+
+    sql("UPDATE audit_apitoken SET revoked_at = NULL, revoked_by = '' WHERE id = %s", [token.pk])
+
+    assert api(token.key).get(READ[0]).status_code in (401, 403)
+    assert named(verify(), "token", f"(id {token.pk})", "not revoked in its row")
