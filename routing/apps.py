@@ -13,6 +13,7 @@ class RoutingConfig(AppConfig):
             holds,  # noqa: F401 (its receiver keeps a task under legal hold from being deleted)
             providers,
             record_check,
+            saved_view_check,
             task_check,
             telemetry,
         )
@@ -30,5 +31,6 @@ class RoutingConfig(AppConfig):
         # Verification compares the run rows with the events that describe them.
         verify.row_check_register(record_check.run_rows_problems)
         verify.row_check_register(task_check.task_rows_problems)
+        verify.row_check_register(saved_view_check.saved_view_problems)
         # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
         run_finished.connect(telemetry.on_run_finished, dispatch_uid="routing.telemetry")

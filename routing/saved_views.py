@@ -56,18 +56,21 @@ def view_save(*, user: Any, name: str, query: str, shared: bool) -> SavedView:
     with transaction.atomic():
         view = SavedView.objects.create(name=name, owner=user, query=query, shared=shared)
         event_record(
-            actor=Actor.for_user(user),
-            action=Action.VIEW_SAVED,
-            obj=view,
-            # The filters by name; the query itself by its hash: a search may quote a task's words.
-            payload={
-                "name": name,
-                "shared": shared,
-                "filters": sorted(QueryDict(query)),
-                "query_sha256": content_hash(query),
-            },
+            actor=Actor.for_user(user), action=Action.VIEW_SAVED, obj=view, payload=view_saved_payload(view)
         )
     return view
+
+
+def view_saved_payload(view: SavedView) -> dict[str, Any]:
+    """What `view.saved` records of a view: the one definition, which verification compares the view's
+    row with (routing.saved_view_check). The filters by name; the query itself by its hash: a search
+    may quote a task's words."""
+    return {
+        "name": view.name,
+        "shared": view.shared,
+        "filters": sorted(QueryDict(view.query)),
+        "query_sha256": content_hash(view.query),
+    }
 
 
 def visible_views(user: Any) -> QuerySet[SavedView]:

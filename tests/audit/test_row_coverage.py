@@ -13,6 +13,7 @@ from audit.checkpoints import checkpoint_create
 from audit.roles import token_create, token_revoke
 from audit.services import Actor
 from audit.verify import Report, verify
+from routing.saved_views import view_save
 from tests.audit.support import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,3 +105,35 @@ def test_a_revoked_token_revived_by_sql_is_refused_and_named(audit_files, make_u
 
     assert api(token.key).get(READ[0]).status_code in (401, 403)
     assert named(verify(), "token", f"(id {token.pk})", "not revoked in its row")
+
+
+# --- saved views ----------------------------------------------------------------------------------
+
+
+def test_a_saved_view_changed_or_inserted_by_sql_is_named(audit_files, make_user):
+    ann = make_user("ann", Role.OPERATOR)
+    bob = make_user("bob", Role.OPERATOR)
+    mine = view_save(user=ann, name="failed", query="status=failed", shared=False)
+    other = view_save(user=ann, name="private", query="status=succeeded", shared=False)
+    intact_now()
+
+    sql("UPDATE routing_savedview SET query = 'q=secret' WHERE id = %s", [mine.pk])
+    sql(
+        "UPDATE routing_savedview SET shared = true, name = 'everyone', owner_id = %s WHERE id = %s",
+        [bob.pk, other.pk],
+    )
+    sql(
+        "INSERT INTO routing_savedview (name, owner_id, query, shared, created_at)"
+        " VALUES ('planted', %s, 'status=failed', true, now())",
+        [ann.pk],
+    )
+    report = verify()
+
+    assert named(report, "saved_view", f"saved view {mine.pk}", "its query_sha256 is"), report.problems
+    assert named(report, "saved_view", f"saved view {mine.pk}", "its filters is ['q']", "recorded ['status']")
+    assert named(report, "saved_view", f"saved view {other.pk}", "its shared is True", "recorded False")
+    assert named(
+        report, "saved_view", f"saved view {other.pk}", "its name is 'everyone'", "recorded 'private'"
+    )
+    assert named(report, "saved_view", f"saved view {other.pk}", f"its owner is user {bob.pk}", "by ann")
+    assert named(report, "saved_view", "('planted')", "no view.saved event records it")
