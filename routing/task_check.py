@@ -7,7 +7,8 @@ What the task page and the dossier show as fact about a task is bound to an even
   (the live run's, or the retry's that answered after it);
 - its rows of the exposure map (a rollup) to the vendors its steps and judges reached;
 - its reviewers' verdicts (routing.review) to their `annotation.added` events: verdict, label, run,
-  step and the comment's hash (a purge deletes comments), and every recorded verdict to its row;
+  step, the comment's hash (a purge deletes comments) and the author (the event's actor), and every
+  recorded verdict to its row;
 - a purge (`purged_at`, after which its content is gone) to a `task.purged` event of the global chain
   and a signed ChainPurge for each of its run chains, and what the purge kept (who was called, at what
   vendor, for what cost) to what that event recorded.
@@ -162,6 +163,19 @@ def _review_problems(
         for name, value in shown.items():
             if p.get(name) != value:
                 yield differs(event, f"annotation {annotation.pk}'s {name}", p.get(name), value)
+        # Its author is who wrote the event (author_name copies the actor's name; an account deleted
+        # leaves author empty).
+        if annotation.author_name != event.actor_name:
+            yield differs(
+                event, f"annotation {annotation.pk}'s author_name", event.actor_name, annotation.author_name
+            )
+        if annotation.author_id is not None and str(annotation.author_id) != event.actor_id:
+            yield differs(
+                event,
+                f"annotation {annotation.pk}'s author (user id)",
+                event.actor_id,
+                str(annotation.author_id),
+            )
         comment = hashlib.sha256(annotation.comment.encode()).hexdigest()
         if p.get("comment_sha256") != comment and not (task.purged_at and annotation.comment == PURGED):
             yield differs(

@@ -13,6 +13,7 @@ from audit.checkpoints import checkpoint_create
 from audit.roles import token_create, token_revoke
 from audit.services import Actor
 from audit.verify import Report, verify
+from routing import review
 from routing.saved_views import view_save
 from tests.audit.support import sql
 
@@ -137,3 +138,21 @@ def test_a_saved_view_changed_or_inserted_by_sql_is_named(audit_files, make_user
     )
     assert named(report, "saved_view", f"saved view {other.pk}", f"its owner is user {bob.pk}", "by ann")
     assert named(report, "saved_view", "('planted')", "no view.saved event records it")
+
+
+# --- reviewers' names and playground plans (against a real run) ---------------------------------
+
+
+def test_an_annotations_author_name_changed_by_sql_is_named(finished_run, audit_files, make_user):
+    annotation = review.annotation_add(
+        verdict=review.Verdict(run_id=finished_run.pk, verdict="wrong", label="arithmetic"),
+        user=make_user("ann", Role.AUDITOR),
+    )
+    intact_now()
+
+    sql("UPDATE routing_annotation SET author_name = 'chief reviewer' WHERE id = %s", [annotation.pk])
+
+    report = verify()
+    assert named(
+        report, "row", f"annotation {annotation.pk}'s author_name is 'chief reviewer'", "recorded 'ann'"
+    ), report.problems
