@@ -24,6 +24,7 @@ from audit.services import Actor, event_record
 
 from .errors import ServiceError
 from .estimates import MeanCost, call_cost, mean_cost
+from .hashing import content_hash
 from .limits import text_length_check
 from .models import ConductorVersion, Run, Step, Task, Worker
 from .services import conductor_active, run_enqueue
@@ -137,6 +138,8 @@ def playground_run(*, variation: Variation, user: Any, estimated_usd: Decimal | 
                 "worker": variation.worker,
                 "instruction_sha256": hashlib.sha256(instruction.encode()).hexdigest() if instruction else "",
                 "instruction_edited": edited,
+                # The plan it forces, as stored: verification compares the run's row with it.
+                "plan_override_sha256": content_hash(run.plan_override),
                 "from_step": prepared.step.pk if prepared.step else None,
                 "estimated_usd": None if estimated_usd is None else str(estimated_usd),
             },

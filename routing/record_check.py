@@ -3,11 +3,13 @@
 Registered with the audit verifier (routing.apps), which knows no rows: verification and each dossier
 name every difference between what a row says now and what the run's chain recorded when it happened
 (a step's worker, vendor, messages and response; an attempt's status and cost; a run's answer and
-totals), and a finished run whose chain was never sealed.
+totals; a playground run's forced plan), and a finished run whose chain was never sealed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -112,6 +114,61 @@ def _decision_problems(
             )
 
 
+def _override_problems(run: Run, events: _Events, name: str) -> Iterator[Problem]:
+    """A playground run's forced plan (`plan_override`) against its task.playground_run event: by the
+    hash the event records, or (an event written before it did) the worker and instruction it names."""
+    if run.kind != Run.Kind.PLAYGROUND:
+        return
+    event = next(
+        (e for e in events.by_action[Action.TASK_PLAYGROUND_RUN] if e.payload.get("run_id") == run.pk), None
+    )
+    if event is None:
+        yield Problem(
+            "row",
+            None,
+            name,
+            None,
+            f"run {run.pk} is a playground run, but no task.playground_run event records it",
+        )
+        return
+    p = event.payload
+    if "plan_override_sha256" in p:
+        if p["plan_override_sha256"] != content_hash(run.plan_override):
+            yield differs(
+                event,
+                f"run {run.pk}'s plan_override (sha256)",
+                p["plan_override_sha256"],
+                content_hash(run.plan_override),
+            )
+        return
+    forced = _forced_step(run.plan_override)
+    if (forced.get("worker") or "") != (p.get("worker") or ""):
+        yield differs(
+            event, f"run {run.pk}'s plan_override worker", p.get("worker") or "", forced.get("worker") or ""
+        )
+    instruction = forced.get("instruction") or ""
+    if (
+        p.get("instruction_sha256")
+        and p["instruction_sha256"] != hashlib.sha256(instruction.encode()).hexdigest()
+    ):
+        yield differs(
+            event,
+            f"run {run.pk}'s plan_override instruction (sha256)",
+            p["instruction_sha256"],
+            hashlib.sha256(instruction.encode()).hexdigest(),
+        )
+
+
+def _forced_step(plan_override: str) -> dict[str, Any]:
+    """The one step a playground's plan forces ({}: none, or not a plan)."""
+    try:
+        steps = json.loads(plan_override).get("steps") if plan_override else None
+    except (ValueError, AttributeError):
+        return {"worker": "(not a plan)"}
+    first = steps[0] if isinstance(steps, list) and steps else {}
+    return first if isinstance(first, dict) else {}
+
+
 def _run_problems(
     run: Run,
     events: _Events,
@@ -124,6 +181,7 @@ def _run_problems(
     yield from _decision_problems(decisions, steps, events, name)
     yield from _step_problems(steps, events, name)
     yield from _attempt_problems(attempts, events, name)
+    yield from _override_problems(run, events, name)
     decided = sum((d.cost_usd for d in decisions), Decimal(0))
     yield from _run_totals(run, events, name, decided + sum((a.cost_usd for a in attempts), Decimal(0)))
     if run.status in FINISHED and not sealed:

@@ -4,6 +4,8 @@ name it, and a token the record does not describe must authenticate nobody."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -14,8 +16,11 @@ from audit.roles import token_create, token_revoke
 from audit.services import Actor
 from audit.verify import Report, verify
 from routing import review
+from routing.models import RunStatus, Step
+from routing.playground import Variation, playground_run
 from routing.saved_views import view_save
-from tests.audit.support import sql
+from tests.audit.support import run_now, sql
+from tests.openai_server import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,3 +161,26 @@ def test_an_annotations_author_name_changed_by_sql_is_named(finished_run, audit_
     assert named(
         report, "row", f"annotation {annotation.pk}'s author_name is 'chief reviewer'", "recorded 'ann'"
     ), report.problems
+
+
+def test_a_playground_runs_forced_plan_changed_by_sql_is_named(
+    finished_run, live_pool, audit_files, make_user
+):
+    variation = Variation(task_id=finished_run.task_id, worker="gamma", instruction="Check it twice")
+    run = playground_run(variation=variation, user=make_user("olga", Role.OPERATOR), estimated_usd=None)
+    chain = f"run:{run.correlation_id}"
+    assert verify(chains=[chain], use_checkpoint=False).intact
+
+    # Before the worker takes it: the run then calls the worker the row forces, and its own events
+    # record that plan faithfully; only the playground's event still says which worker was asked for.
+    forced = json.loads(run.plan_override)
+    forced["steps"][0]["worker"] = "alpha"
+    sql("UPDATE routing_run SET plan_override = %s WHERE id = %s", [json.dumps(forced), run.pk])
+    live_pool["server"].program("alpha", [Reply("43")])
+    run = run_now(run)
+
+    assert run.status == RunStatus.SUCCEEDED and Step.objects.get(run=run).worker_slug == "alpha"
+    report = verify(chains=[chain], use_checkpoint=False)
+    assert named(report, "row", f"run {run.pk}'s plan_override (sha256)", "task.playground_run"), (
+        report.problems
+    )
