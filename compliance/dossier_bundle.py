@@ -1,7 +1,9 @@
 """A task's dossier as a machine-readable bundle that carries its own proof: what the dossier shows
 (the task, its runs' decisions, steps and attempts), each run's chain of events, the seal that closed
-it and the signed checkpoint that covers it. `python -m audit.bundle verify` checks it with the public
-key alone (no database, no settings)."""
+it and its place in the audit log (its leaf, the audit path to the root of the latest signed tree head
+and that tree head's signed note: audit.inclusion), or for a run sealed before the log the signed
+checkpoint that covers it. `python -m audit.bundle verify` checks it with the public key alone (no
+database, no settings)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from audit.actions import Action
 from audit.bundle import FORMAT
 from audit.chain import event_content, run_chain
 from audit.checkpoints import purge_body
+from audit.inclusion import of_chain
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, CheckpointHead
 from routing.models import Attempt, Run, Task
 
@@ -30,7 +33,13 @@ def _run(run: Run) -> dict[str, Any]:
         .order_by("-seq")
         .first()
     )
-    head = CheckpointHead.objects.filter(chain=name).select_related("checkpoint").order_by("-seq").first()
+    inclusion = of_chain(name)
+    # Before the log: the checkpoint that signed the chain's head (a run in the log needs none).
+    head = (
+        CheckpointHead.objects.filter(chain=name).select_related("checkpoint").order_by("-seq").first()
+        if inclusion is None
+        else None
+    )
     purge = ChainPurge.objects.filter(chain=name).first()
     return {
         "id": run.pk,
@@ -76,6 +85,7 @@ def _run(run: Run) -> dict[str, Any]:
         ],
         "events": [_event(e) for e in AuditEvent.objects.filter(chain=name).order_by("seq")],
         "seal": _event(seal) if seal is not None else None,
+        "log": inclusion.document() if inclusion is not None else None,
         "checkpoint": (
             {"body": head.checkpoint.body, "signature": head.checkpoint.signature}
             if head is not None
