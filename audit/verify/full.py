@@ -5,7 +5,8 @@ one at a time, and what must be compared across chains compared by PostgreSQL in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -52,8 +53,10 @@ def _verify_all(*, key: Ed25519PublicKey, use_checkpoint: bool, directory: Path)
         report.problems.extend(_seals_against_tails(key))
         report.problems.extend(all_end_problems())  # ended chains without a seal: pending ones
         report.problems.extend(_unrecorded_purges_all())
+        trees: list[tuple[str, int, bytes]] = []  # (label, size, root) each signed tree head says
         if use_checkpoint:
-            report.problems.extend(_anchor_problems(report, cursor, directory, key))
+            report.problems.extend(_anchor_problems(report, cursor, directory, key, trees))
+        report.problems.extend(tree_problems(trees))
     return report
 
 
@@ -167,16 +170,16 @@ def _unrecorded_purges_all() -> Iterator[Problem]:
 
 
 def _anchor_problems(
-    report: Report, cursor: Any, directory: Path, key: Ed25519PublicKey
+    report: Report, cursor: Any, directory: Path, key: Ed25519PublicKey, trees: list[tuple[str, int, bytes]]
 ) -> Iterator[Problem]:
     """Every signed checkpoint file, one at a time: signature, numbering and links, each head against
-    the events; then the database's checkpoint rows and events against the files."""
+    the events, each tree head into `trees`; then the database's checkpoint rows and events against
+    the files."""
     signed, seen = _Rows(cursor, "verify_signed", 2), _Rows(cursor, "verify_seen", 1)
     files: list[
         tuple[int, dict[str, Any], str]
     ] = []  # (number, signed document, label) waiting for their rows
     pending: list[tuple[str, int, str, str]] = []
-    trees: list[tuple[str, int, bytes]] = []  # (label, size, root) each signed tree head says
     reported: set[str] = set()
     previous: Any = None
     latest_at: datetime | None = None
@@ -186,41 +189,9 @@ def _anchor_problems(
             continue
         label = f"checkpoint {item.number} ({item.source})"
         number = item.number or 0
-        seen.add(number)
-        if not item.signature_ok:
-            yield Problem(
-                "checkpoint",
-                None,
-                GLOBAL_CHAIN,
-                None,
-                f"{label}: the signature does not hold with the trusted key {signing.key_id(key)}",
-            )
+        if (yield from _file_problems(item, previous, label, directory, key, seen)):
             continue
         report.checkpoints_checked += 1
-        if previous is not None and number:
-            if number == previous.number and item.signature == previous.signature:
-                continue  # the same checkpoint copied twice
-            if number <= previous.number:
-                yield Problem(
-                    "checkpoint", None, GLOBAL_CHAIN, None, f"{label}: number {number} appears twice"
-                )
-                continue
-            if number != previous.number + 1:
-                yield Problem(
-                    "checkpoint",
-                    None,
-                    GLOBAL_CHAIN,
-                    None,
-                    f"checkpoint files {previous.number + 1}..{number - 1} are missing from {directory}",
-                )
-            elif item.body.get("previous") != body_digest(previous.body):
-                yield Problem(
-                    "checkpoint",
-                    None,
-                    GLOBAL_CHAIN,
-                    None,
-                    f"{label} does not link to checkpoint {previous.number}",
-                )
         previous = item
         files.append((number, {"body": item.body, "signature": item.signature}, label))
         report.checkpoint_number = number
@@ -244,15 +215,62 @@ def _anchor_problems(
     seen.flush()
     if not report.checkpoints_checked:
         yield from _nothing_signed(report)
-    yield from tree_problems(trees)
     signed_size = trees[-1][1] if trees else 0
     yield from _database_against_files(directory, latest_at, signed_size)
+
+
+def _file_problems(
+    item: Any, previous: Any, label: str, directory: Path, key: Ed25519PublicKey, seen: _Rows
+) -> Generator[Problem, None, bool]:
+    """One checkpoint file against its name, the trusted key and the file before it (numbers, link);
+    returns whether to pass it over (not taken as signed, or a copy of the one before)."""
+    number = item.number or 0
+    named = re.search(r"checkpoint-(\d+)\.", item.source)
+    if named and int(named.group(1)) != number:
+        yield Problem(
+            "checkpoint",
+            None,
+            GLOBAL_CHAIN,
+            None,
+            f"checkpoint file {item.source} holds checkpoint {number}: a file replaced by another one",
+        )
+        return True
+    seen.add(number)
+    if not item.signature_ok:
+        yield Problem(
+            "checkpoint",
+            None,
+            GLOBAL_CHAIN,
+            None,
+            f"{label}: the signature does not hold with the trusted key {signing.key_id(key)}",
+        )
+        return True
+    if previous is None or not number:
+        return False
+    if number == previous.number and item.signature == previous.signature:
+        return True  # the same checkpoint copied twice
+    if number <= previous.number:
+        yield Problem("checkpoint", None, GLOBAL_CHAIN, None, f"{label}: number {number} appears twice")
+        return True
+    if number != previous.number + 1:
+        yield Problem(
+            "checkpoint",
+            None,
+            GLOBAL_CHAIN,
+            None,
+            f"checkpoint files {previous.number + 1}..{number - 1} are missing from {directory}",
+        )
+    elif item.body.get("previous") != body_digest(previous.body):
+        yield Problem(
+            "checkpoint", None, GLOBAL_CHAIN, None, f"{label} does not link to checkpoint {previous.number}"
+        )
+    return False
 
 
 def _nothing_signed(report: Report) -> Iterator[Problem]:
     """A record with events and not one signed checkpoint proves nothing: said, whatever else holds
     (unless its first event is younger than the first checkpoint beat would have made)."""
-    first = AuditEvent.objects.order_by("id").only("occurred_at").first()
+    first = AuditEvent.objects.order_by("occurred_at").only("occurred_at").first()
     grace = timedelta(seconds=2 * settings.AUDIT_CHECKPOINT_EVERY_S + 60)
     if first is not None and timezone.now() - first.occurred_at > grace:
         yield Problem(

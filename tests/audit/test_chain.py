@@ -412,7 +412,9 @@ def test_a_checkpoint_is_a_signed_tree_head_whose_file_verifies_with_the_public_
     ]
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     assert checkpoint.key_id == hashlib.sha256(raw).hexdigest()[:16]
-    forged = path.read_text().replace(f"{GLOBAL_CHAIN} {global_last.seq} ", f"{GLOBAL_CHAIN} {global_last.seq - 1} ")
+    forged = path.read_text().replace(
+        f"{GLOBAL_CHAIN} {global_last.seq} ", f"{GLOBAL_CHAIN} {global_last.seq - 1} "
+    )
     with pytest.raises(InvalidSignature):
         _c2sp_open(forged, public_key)
 
@@ -430,7 +432,10 @@ def test_a_checkpoint_whose_global_head_no_longer_matches_is_reported(finished_r
     signed_seq = checkpoint.body["heads"][GLOBAL_CHAIN][0]
     with triggers_off():
         # Cut the chain back past the signed head; nothing after it links to the removed events.
-        assert sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [GLOBAL_CHAIN, signed_seq]) >= 1
+        assert (
+            sql("DELETE FROM audit_auditevent WHERE chain = %s AND seq >= %s", [GLOBAL_CHAIN, signed_seq])
+            >= 1
+        )
 
     assert verify(use_checkpoint=False, rows=False).intact, "a cut tail is invisible without the checkpoint"
     report = verify(rows=False)

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit import chain as audit_chain
 from audit.actions import Action
-from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, PendingSeal
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LogNode, PendingSeal
 from audit.seals import chains_awaiting_seal, pending_seal, seal_fields, seal_pending
 from audit.services import run_chain_seal_fields
 from audit.tasks import seal_pending as seal_pending_task
@@ -212,8 +212,10 @@ def test_a_sealer_killed_mid_batch_seals_nothing_and_the_next_one_seals_each_onc
 
     assert not PendingSeal.objects.filter(seal_event_id__isnull=False).exists()
     assert not AuditEvent.objects.filter(action=Action.RUN_SEALED).exists()
+    assert not PendingSeal.objects.filter(leaf_index__isnull=False).exists() and not LogNode.objects.exists()
     assert seal_pending() == 3
     assert all(len(seals_of(e.chain)) == 1 for e in lasts)
+    assert sorted(PendingSeal.objects.values_list("leaf_index", flat=True)) == [0, 1, 2]  # each once
     assert_global_chain_sound()
     assert verify(use_checkpoint=False, rows=False).intact
 
@@ -235,6 +237,9 @@ def test_two_sealers_at_once_take_different_rows_and_never_fork_the_global_chain
 
     assert not PendingSeal.objects.filter(seal_event_id__isnull=True).exists()
     assert all(len(seals_of(e.chain)) == 1 for e in lasts)
+    # One tree, never forked: each row a leaf, the indexes 0..39 each once, every signed root its leaves'.
+    assert sorted(PendingSeal.objects.values_list("leaf_index", flat=True)) == list(range(40))
+    assert LogNode.objects.filter(level=0).count() == 40
     events = assert_global_chain_sound()
     assert sum(e.action == Action.RUN_SEALED for e in events) == 40
     assert verify(use_checkpoint=False, rows=False).intact
