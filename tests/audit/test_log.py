@@ -21,7 +21,6 @@ from pymerkle.proof import InclusionProof
 
 from accounts.roles import Role
 from audit import log, merkle, note, signing
-from audit.checkpoints import checkpoint_create
 from audit.models import Checkpoint, LogNode, PendingSeal
 from audit.seals import seal_pending
 from audit.verify import verify
