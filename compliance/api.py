@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.roles import AUDIT_ROLES
-from audit import inclusion, log, signing
+from audit import log, signing
 from audit.actions import Action
 from audit.exports import FIELDS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
@@ -223,7 +223,7 @@ class LogConsistencyView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("from", int, required=True, description="The size of the tree you kept"),
+            OpenApiParameter("from", int, description="The size of the tree you kept (default: the latest)"),
             OpenApiParameter("to", int, description="The size to prove (default: the latest signed)"),
         ],
         responses=OpenApiResponse(OpenApiTypes.OBJECT, description="from, to, proof (hex), checkpoint"),
@@ -233,11 +233,9 @@ class LogConsistencyView(APIView):
         if head is None:
             raise NotFound("the log has no signed tree head yet")
         signed = head.body["tree"]["size"]
-        first = params.integer(request.query_params, "from", maximum=MAX_LEAVES)
-        if first is None:
-            raise InvalidParameter("from", "the size of the tree you kept is required")
         second = params.integer(request.query_params, "to", default=signed, maximum=MAX_LEAVES)
-        assert second is not None
+        first = params.integer(request.query_params, "from", default=second, maximum=MAX_LEAVES)
+        assert first is not None and second is not None
         if second > signed:
             raise InvalidParameter("to", f"the latest signed tree head has {signed} leaves")
         if first > second:
@@ -250,28 +248,6 @@ class LogConsistencyView(APIView):
                 "checkpoint": head.note if second == signed else None,
             }
         )
-
-
-class LogInclusionView(APIView):
-    """A run's inclusion proof: its leaf, its index, the audit path (RFC 9162 2.1.3) and the signed
-    tree head it leads to, for the run chain `chain` (as events name it: run:<correlation id>)."""
-
-    required_roles = READ
-
-    @extend_schema(
-        parameters=[OpenApiParameter("chain", str, required=True, description="run:<correlation id>")],
-        responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The inclusion proof"),
-    )
-    def get(self, request: Request) -> Response:
-        correlation = params.uuid(
-            {"id": params.text(request.query_params, "chain").removeprefix("run:")}, "id"
-        )
-        if not correlation:
-            raise InvalidParameter("chain", "a run chain, run:<correlation id>, is required")
-        proof = inclusion.of_chain(f"run:{correlation}")
-        if proof is None:
-            raise NotFound("this run chain is not in a signed tree head (yet)")
-        return Response(proof.document())
 
 
 def record(request: HttpRequest, action: str, payload: dict[str, Any]) -> None:

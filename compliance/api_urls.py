@@ -15,12 +15,12 @@ log_patterns = [
     path("public-key/", api.PublicKeyView.as_view(), name="public-key"),
     path("log/checkpoint/", api.LogCheckpointView.as_view(), name="log-checkpoint"),
     path("log/consistency/", api.LogConsistencyView.as_view(), name="log-consistency"),
-    path("log/inclusion/", api.LogInclusionView.as_view(), name="log-inclusion"),
 ]
 
 task_patterns = [
     path("vendors/", dossier_api.VendorReportView.as_view(), name="vendors"),
     path("tasks/<uuid:task_id>/dossier/", dossier_api.DossierView.as_view(), name="dossier"),
+    path("tasks/<uuid:task_id>/log/", dossier_api.LogInclusionView.as_view(), name="log-inclusion"),
 ]
 
 urlpatterns = [

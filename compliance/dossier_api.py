@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit import policies
+from audit import inclusion, policies
 from audit.services import record_viewed
 from routing import selectors
 from routing.models import Task
@@ -87,3 +87,31 @@ class DossierView(APIView):
             raise Http404("No such task") from exc
         record_viewed(request=request, task=task, view="dossier export (bundle, api)")
         return Response(dossier_bundle(task, exported_by=request.user.get_username()))
+
+
+class LogInclusionView(APIView):
+    """Each run of a task and its place in the log: its leaf, its index, the audit path (RFC 9162
+    2.1.3) and the signed tree head it leads to; null for a run not in a signed tree head yet (open,
+    or sealed within the last sealing interval). Checks offline with the public key alone."""
+
+    required_roles = READ
+
+    @extend_schema(responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The runs' inclusion proofs"))
+    def get(self, request: Request, task_id) -> Response:
+        try:
+            task = selectors.task_detail(task_id=task_id)
+        except Task.DoesNotExist as exc:
+            raise Http404("No such task") from exc
+        runs = []
+        for run in task.runs.order_by("pk"):
+            chain = f"run:{run.correlation_id}"
+            proof = inclusion.of_chain(chain)
+            runs.append(
+                {
+                    "run": run.pk,
+                    "chain": chain,
+                    "status": run.status,
+                    "log": proof.document() if proof else None,
+                }
+            )
+        return Response({"task": str(task.pk), "runs": runs})

@@ -99,8 +99,11 @@ EXPECTED: dict[str, dict[str, int | str]] = {
     "audit-api:policies": AUDITORS_API,
     "audit-api:verify": AUDITORS_API,
     "audit-api:public-key": AUDITORS_API,
+    "audit-api:log-checkpoint": AUDITORS_API,
+    "audit-api:log-consistency": AUDITORS_API,
     "compliance-api:vendors": AUDITORS_API,
     "compliance-api:dossier": AUDITORS_API,
+    "compliance-api:log-inclusion": AUDITORS_API,
     "audit:event-log": AUDITORS,
     "audit:export": AUDITORS,
     "compliance:dossier": AUDITORS,
@@ -173,6 +176,8 @@ PARAM_KINDS: dict[str, str] = {
     "run": "run id",  # the runs compared: each a run's id, 2 to 4 of them
     "minutes": "int",
     "after": "int",
+    "from": "tree size",  # of a tree an auditor kept
+    "to": "tree size",
     "page_size": "int",
     "state": "enum",
     "kind": "enum",
@@ -206,6 +211,7 @@ HOSTILE: dict[str, list[str]] = {
     "text": ["x" * 600, "a\x01b"],
     "uuid": ["not-a-uuid", "zz" * 18],
     "run id": ["abc", "9" * 40, "-99", "1e9", "0"],
+    "tree size": ["abc", "9" * 40, "-99", "1e9", "999999999"],  # the last: more leaves than the log has
 }
 NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
 # Names no route reads: refused (400, naming them) wherever a GET answers, as a bad value is, never
@@ -213,6 +219,7 @@ NUL_VALUES = ["\x00", "a\x00b", "2026-01-01\x00"]
 UNKNOWN_PARAMS = ["zz", "range", "author"]
 # Values a route must accept (200): a valid date, not only invalid ones, reaches the parsing.
 VALID: dict[str, list[str]] = {
+    "tree size": ["1"],  # the record's log holds a leaf at least
     "date": ["2026-01-01", "2026-01-01T10:00", "2026-01-01T10:00:00+02:00"],
     "int": ["5"],
     "text": ["a"],

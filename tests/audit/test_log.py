@@ -353,17 +353,27 @@ def test_the_auditors_api_serves_the_note_and_proofs_that_check_offline(audit_fi
     assert head.size == 7
     proof = client.get("/api/audit/log/consistency/", {"from": 3}).json()
     assert merkle.consistency_verify(3, 7, log.root(3), head.root, [bytes.fromhex(h) for h in proof["proof"]])
-    row = PendingSeal.objects.get(leaf_index=5)
-    included = client.get("/api/audit/log/inclusion/", {"chain": row.chain}).json()
-    assert included["leaf_index"] == 5 and included["tree_size"] == 7
-    assert merkle.inclusion_verify(
-        5,
-        7,
-        bytes.fromhex(included["leaf_hash"]),
-        [bytes.fromhex(h) for h in included["audit_path"]],
-        head.root,
-    )
-    for bad in ({"from": 9}, {"from": "x"}, {}, {"from": 2, "to": 8}):
+    assert client.get("/api/audit/log/consistency/").json()["proof"] == []  # the latest extends itself
+    for bad in ({"from": 9}, {"from": "x"}, {"from": 2, "to": 8}, {"from": "-1"}):
         assert client.get("/api/audit/log/consistency/", bad).status_code == 400, bad
-    assert client.get("/api/audit/log/inclusion/", {"chain": "<script>"}).status_code == 400
-    assert client.get("/api/audit/log/inclusion/", {"chain": f"run:{uuid.uuid4()}"}).status_code == 404
+
+
+def test_a_tasks_runs_inclusion_proofs_check_offline_against_the_signed_note(finished_run, make_user):
+    pending(4)  # the run is leaf 0 of a tree of 5
+    seal_pending()
+    client = Client()
+    client.force_login(make_user("ann", Role.AUDITOR))
+    runs = client.get(f"/api/audit/tasks/{finished_run.task_id}/log/").json()["runs"]
+    assert [r["run"] for r in runs] == [finished_run.pk]
+    proof = runs[0]["log"]
+    head = note.opened(
+        proof["checkpoint"], note.tree_head(note.split(proof["checkpoint"])[0]).origin, signing.public_key()
+    )
+    assert (proof["leaf_index"], proof["tree_size"], head.size) == (0, 5, 5)
+    path = [bytes.fromhex(h) for h in proof["audit_path"]]
+    assert len(path) == 3 and merkle.inclusion_verify(
+        0, 5, merkle.leaf_hash(proof["leaf"].encode()), path, head.root
+    )
+    tree = library_tree([log.leaf_of(r) for r in PendingSeal.objects.order_by("leaf_index")])
+    assert library_includes(tree, 0, 5, proof["leaf"].encode(), path, head.root)
+    assert client.get(f"/api/audit/tasks/{uuid.uuid4()}/log/").status_code == 404
