@@ -39,8 +39,8 @@ class Report:
     checkpoint_at: str | None = None
     checkpoints_checked: int = 0
     anchor: str = ""  # where the signed checkpoints were read from
-    # One run's proof: its leaf's inclusion in the latest signed tree head (audit.inclusion), if logged.
-    inclusion: dict[str, Any] | None = None
+    # One run's proof: each logged chain's inclusion in the latest signed tree head (audit.inclusion).
+    inclusions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def intact(self) -> bool:

@@ -136,7 +136,7 @@ def _log_problems(
     report.checkpoint_id, report.checkpoint_number = checkpoint.pk, checkpoint.number
     report.checkpoint_at = checkpoint.created_at.isoformat()
     report.checkpoints_checked += 1
-    report.inclusion = proof.document()
+    report.inclusions[name] = proof.document()
     if not checkpoint_row(checkpoint, key=key).signature_ok:
         yield Problem("checkpoint", None, name, row.seq, f"{label}: its signature does not hold")
         return

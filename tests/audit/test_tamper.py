@@ -320,11 +320,20 @@ def test_an_intact_run_has_no_row_differences_and_its_dossier_says_intact(
     checkpoint = checkpoint_create()
     report = verify(chains=[chain_of(finished_run)])
     assert report.intact, report.problems
-    assert report.checkpoint_number == checkpoint.number and report.inclusion["leaf_index"] == 0
+    assert (
+        report.checkpoint_number == checkpoint.number
+        and report.inclusions[chain_of(finished_run)]["leaf_index"] == 0
+    )
     client = Client()
     client.force_login(make_user("ann", Role.AUDITOR))
     page = client.get(f"/audit/tasks/{finished_run.task_id}/").content.decode()
     assert "intact up to event" in page and "NOT INTACT" not in page
+    assert (
+        f"{chain_of(finished_run)}: leaf 0 of 1 in the log, signed by tree head" in page
+    )  # its inclusion proof
+    assert (
+        report.inclusions[chain_of(finished_run)]["checkpoint"] in page
+    )  # the signed note, as its file holds it
 
 
 # --- 4. the window after the last checkpoint ---------------------------------------------------------
@@ -342,7 +351,7 @@ def test_beat_checkpoints_only_when_a_chain_moved_and_the_sealer_signs_a_sealed_
     assert run.status == RunStatus.SUCCEEDED
     second = Checkpoint.objects.order_by("-number").first()
     assert second.number == first.number + 1 and second.body["tree"]["size"] == 1
-    assert verify(chains=[chain_of(run)]).inclusion["checkpoint_number"] == second.number
+    assert verify(chains=[chain_of(run)]).inclusions[chain_of(run)]["checkpoint_number"] == second.number
     assert second.body["previous"] != first.body["previous"]
     assert checkpoint_create(only_if_moved=True) is None, "the sealer's checkpoint signed all of it"
 
@@ -439,7 +448,11 @@ def test_one_runs_proof_reads_the_same_few_rows_however_large_the_record(
         one_run()
     with django_assert_max_num_queries(len(alone.captured_queries)):
         report = verify(chains=[chain_of(run)])
-    assert report.intact and report.checkpoint_number == 8 and len(report.inclusion["audit_path"]) == 3
+    assert (
+        report.intact
+        and report.checkpoint_number == 8
+        and len(report.inclusions[chain_of(run)]["audit_path"]) == 3
+    )
     assert Checkpoint.objects.count() == 8 and Decimal(run.cost_usd) > 0
 
 
