@@ -21,12 +21,13 @@ class LogError(RuntimeError):
     """The tree's stored nodes cannot answer: a node is gone."""
 
 
-def leaf_of(row: PendingSeal) -> bytes:
-    """The leaf that records a pending seal's run chain."""
+def leaf_of(row: PendingSeal, *, seq: int | None = None, hash_: str | None = None) -> bytes:
+    """The leaf that records a pending seal's run chain (ending at `seq`, `hash_` instead of the row's
+    own, for the leaf of the chain as it ends now)."""
     return seal_leaf(
         chain=row.chain,
-        seq=row.seq,
-        hash_=row.hash,
+        seq=row.seq if seq is None else seq,
+        hash_=row.hash if hash_ is None else hash_,
         object_type=row.object_type,
         object_id=row.object_id,
         task_id=row.task_id,

@@ -4,6 +4,8 @@ audit.bundle verify` checks it with the public key alone)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -73,6 +75,13 @@ class VendorReportView(APIView):
         return Response({"rows": rows, "tasks": tasks})
 
 
+def _task(task_id: Any) -> Task:
+    try:
+        return selectors.task_detail(task_id=task_id)
+    except Task.DoesNotExist as exc:
+        raise Http404("No such task") from exc
+
+
 class DossierView(APIView):
     """A task's dossier as a bundle: the task, its runs, the run chains' events, their seals and the
     signed checkpoint that covers them. Recorded as a view of the task, as the page's export is."""
@@ -81,10 +90,7 @@ class DossierView(APIView):
 
     @extend_schema(responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The dossier bundle"))
     def get(self, request: Request, task_id) -> Response:
-        try:
-            task = selectors.task_detail(task_id=task_id)
-        except Task.DoesNotExist as exc:
-            raise Http404("No such task") from exc
+        task = _task(task_id)
         record_viewed(request=request, task=task, view="dossier export (bundle, api)")
         return Response(dossier_bundle(task, exported_by=request.user.get_username()))
 
@@ -98,10 +104,7 @@ class LogInclusionView(APIView):
 
     @extend_schema(responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The runs' inclusion proofs"))
     def get(self, request: Request, task_id) -> Response:
-        try:
-            task = selectors.task_detail(task_id=task_id)
-        except Task.DoesNotExist as exc:
-            raise Http404("No such task") from exc
+        task = _task(task_id)
         runs = []
         for run in task.runs.order_by("pk"):
             chain = f"run:{run.correlation_id}"

@@ -4,7 +4,7 @@ milliseconds whatever the size of the record). What a dossier shows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -13,7 +13,6 @@ from django.conf import settings
 from .. import inclusion, log, merkle
 from ..checkpoints import checkpoint_row, file_matches_row
 from ..models import AuditEvent, ChainPurge, Checkpoint, CheckpointHead, PendingSeal
-from ..proof import seal_leaf
 from .chains import _Seal, _seal_of, _seal_problems, _unrecorded_purges, _unsigned, _Walk
 from .pending import run_end_problems
 from .report import Problem, Report, hash_short
@@ -66,15 +65,8 @@ def _covering_problems(
     if row is not None:
         checkpoint = row.checkpoint
         label = f"checkpoint {checkpoint.number or checkpoint.pk}"
-        report.checkpoint_id, report.checkpoint_number = checkpoint.pk, checkpoint.number
-        report.checkpoint_at = checkpoint.created_at.isoformat()
-        report.checkpoints_checked += 1
-        if not checkpoint_row(checkpoint, key=key).signature_ok:
-            yield Problem("checkpoint", None, name, row.seq, f"{label}: its signature does not hold")
+        if not (yield from _checkpoint_problems(report, name, row.seq, checkpoint, key)):
             return
-        why = file_matches_row(checkpoint, key=key)
-        if why is not None:
-            yield Problem("checkpoint", None, name, row.seq, why)
         signed = checkpoint.body.get("heads", {}).get(name)
         if signed is None:
             yield Problem(
@@ -106,6 +98,24 @@ def _covering_problems(
         yield from _unsigned(name, seal, signed_seq, latest.created_at)
 
 
+def _checkpoint_problems(
+    report: Report, name: str, seq: int, checkpoint: Checkpoint, key: Ed25519PublicKey
+) -> Generator[Problem, None, bool]:
+    """The checkpoint that covers a chain, reported as its proof's anchor: its signature and its file;
+    returns whether its signature holds."""
+    label = f"checkpoint {checkpoint.number or checkpoint.pk}"
+    report.checkpoint_id, report.checkpoint_number = checkpoint.pk, checkpoint.number
+    report.checkpoint_at = checkpoint.created_at.isoformat()
+    report.checkpoints_checked += 1
+    if not checkpoint_row(checkpoint, key=key).signature_ok:
+        yield Problem("checkpoint", None, name, seq, f"{label}: its signature does not hold")
+        return False
+    why = file_matches_row(checkpoint, key=key)
+    if why is not None:
+        yield Problem("checkpoint", None, name, seq, why)
+    return True
+
+
 def _log_problems(
     report: Report, row: PendingSeal, events: list[AuditEvent], key: Ed25519PublicKey
 ) -> Iterator[Problem]:
@@ -133,29 +143,12 @@ def _log_problems(
         return
     checkpoint = proof.checkpoint
     label = f"checkpoint {checkpoint.number or checkpoint.pk}"
-    report.checkpoint_id, report.checkpoint_number = checkpoint.pk, checkpoint.number
-    report.checkpoint_at = checkpoint.created_at.isoformat()
-    report.checkpoints_checked += 1
     report.inclusions[name] = proof.document()
-    if not checkpoint_row(checkpoint, key=key).signature_ok:
-        yield Problem("checkpoint", None, name, row.seq, f"{label}: its signature does not hold")
+    if not (yield from _checkpoint_problems(report, name, row.seq, checkpoint, key)):
         return
-    why = file_matches_row(checkpoint, key=key)
-    if why is not None:
-        yield Problem("checkpoint", None, name, row.seq, why)
     tail = events[-1] if events else None
-    leaf = (
-        seal_leaf(
-            chain=name,
-            seq=tail.seq,
-            hash_=tail.hash,
-            object_type=row.object_type,
-            object_id=row.object_id,
-            task_id=row.task_id,
-        )
-        if tail is not None
-        else b""
-    )
+    # The leaf of the chain as it ends now (its pending row's run): the one the log must hold.
+    leaf = log.leaf_of(row, seq=tail.seq, hash_=tail.hash) if tail is not None else b""
     if not merkle.inclusion_verify(
         proof.leaf_index, proof.tree_size, merkle.leaf_hash(leaf), proof.path, proof.root
     ):
