@@ -4,11 +4,15 @@ from audit.checkpoints import checkpoint_create
 
 
 class Command(BaseCommand):
-    help = "Sign the current audit chain heads and write the checkpoint file (AUDIT_CHECKPOINT_DIR)."
+    help = (
+        "Sign the log's tree head and the global chain's head now, and write the checkpoint note "
+        "(AUDIT_CHECKPOINT_DIR)."
+    )
 
     def handle(self, *args, **options):
         checkpoint = checkpoint_create()
-        heads = len(checkpoint.body["heads"])
         self.stdout.write(
-            f"checkpoint {checkpoint.number}: {heads} chain head(s) signed with key {checkpoint.key_id}; file {checkpoint.file_name}"
+            f"checkpoint {checkpoint.number}: the log's {checkpoint.body['tree']['size']} leaves and the "
+            f"global chain at seq {checkpoint.body['heads']['global'][0]} signed with key "
+            f"{checkpoint.key_id}; file {checkpoint.file_name}"
         )
