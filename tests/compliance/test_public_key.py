@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.test import Client
 
 from accounts.models import Role
-from audit import signing
+from audit import note, signing
 from audit.checkpoints import checkpoint_create
 from audit.roles import token_create
 from tests.audit.test_bundle import standalone, write
@@ -75,7 +75,11 @@ def test_the_audit_api_gives_the_key_and_its_fingerprint_and_a_bundle_verifies_w
         serialization.Encoding.Raw, serialization.PublicFormat.Raw
     )
     assert offered["sha256"] == hashlib.sha256(raw).hexdigest()
-    assert offered["key_id"] == signing.key_id() == bundle["runs"][0]["checkpoint"]["body"]["key_id"]
+    assert offered["key_id"] == signing.key_id()
+    # The run's proof is its leaf in the log, under a tree head signed by the key offered.
+    signed = bundle["runs"][0]["log"]["checkpoint"]
+    origin = signed.split("\n")[0]
+    assert note.opened(signed, origin, serialization.load_pem_public_key(offered["pem"].encode())).size >= 1
     key = tmp_path / "audit-public.pem"
     key.write_text(offered["pem"])
     result = standalone("verify", write(bundle, tmp_path), "--public-key", str(key))
