@@ -3,6 +3,7 @@ chain's head sustains when runs end at once.
 
     python -m bench.audit_chain --threads 4 --events 500
     python -m bench.audit_chain --enders 1 2 4 8 16 --ends 150 --rounds 3 --runs 20
+    python -m bench.audit_chain --enders 1 2 4 8 16 --ends 100 --rounds 3 --layouts pending run-only --no-runs
 
 Appends: each thread appends events in its own transactions (one event per transaction, as the engine
 does per step) either to its own run chain, or all threads to the single global chain.
@@ -12,8 +13,14 @@ the run's chain gets an event, then, in the transaction that ends the run, its l
 (`event_record(seal=True)`) and its seal appended to the global chain (`audit.chain.append`: on the
 global chain's head, which it holds until the transaction commits), as the engine's fenced end does.
 "pending seal": the end seals its own chain and inserts a PendingSeal row (audit.seals), and a sealer
-thread beside the enders appends the pending seals to the global chain every second (as beat does),
-in batches under one lock of the head; its seal lag (row made to seal appended) is reported too. The
+thread beside the enders calls audit.seals.seal_pending() as beat's task does (its defaults: a batch of
+SEAL_BATCH under one lock of the head, the run.sealed events, the Merkle tree's new leaves and nodes,
+an audit.log_grown event and a signed checkpoint, in one transaction) on a fixed schedule of
+SEAL_EVERY_S; it keeps that schedule after the enders stop until their last seal is signed. The seal
+latency is reported per round and over all rounds: from a row's created_at to the first Checkpoint
+whose tree size exceeds its leaf index (that checkpoint's created_at), and to the sealer's commit of
+that checkpoint (when a reader can first see it). `--layouts pending run-only` leaves out the old
+global layout. The
 same runs without the global seal show what that one head costs. From one ender, the time from
 the global seal's statement to the commit is how long an end holds the head: its inverse is the most
 run ends a second the global chain can take, however many workers and database cores there are.
@@ -36,7 +43,7 @@ import sys
 import threading
 import time
 import uuid
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from bench.cpu import Clock
@@ -56,7 +63,7 @@ from django.db import connection, connections, transaction  # noqa: E402
 
 from audit import chain as audit_chain  # noqa: E402
 from audit.actions import Action  # noqa: E402
-from audit.models import GLOBAL_CHAIN, AuditEvent, PendingSeal  # noqa: E402
+from audit.models import GLOBAL_CHAIN, AuditEvent, Checkpoint, PendingSeal  # noqa: E402
 from audit.seals import pending_seal, seal_pending  # noqa: E402
 from audit.services import ENGINE, event_record, run_seal_fields  # noqa: E402
 from routing.models import ConductorVersion  # noqa: E402
@@ -158,27 +165,68 @@ def global_seal_fields(obj, last: AuditEvent) -> dict:
     )
 
 
-def seal_every_second(stop: threading.Event, batches: list[int]) -> None:
-    """The sealer beside the enders: the pending seals appended every SEAL_EVERY_S until `stop`."""
+def seal_every_second(stop: threading.Event, batches: list[int], signed: list[tuple[datetime, int]]) -> None:
+    """The sealer beside the enders, as beat runs it: audit.tasks.seal_pending (seal_pending() with its
+    defaults: a batch of SEAL_BATCH, the tree grown and a checkpoint signed) on a fixed schedule of
+    SEAL_EVERY_S, until `stop`. `signed`: after each batch's commit, when, and the size of the tree its
+    checkpoint signed."""
     try:
-        while not stop.wait(SEAL_EVERY_S):
-            batches.append(seal_pending())
+        tick = time.monotonic()
+        while True:
+            tick += SEAL_EVERY_S
+            if stop.wait(max(0.0, tick - time.monotonic())):
+                break
+            sealed = seal_pending()
+            batches.append(sealed)
+            if sealed:
+                size = Checkpoint.objects.order_by("-id").values_list("body__tree__size", flat=True).first()
+                signed.append((datetime.now(UTC), int(size)))
     finally:
         connections.close_all()
 
 
-def seal_lag(after_id: int) -> dict:
-    """From a pending seal's row made to its seal appended, for the rows after `after_id` (ms)."""
-    rows = PendingSeal.objects.filter(pk__gt=after_id, seal_event_id__isnull=False)
-    made = dict(rows.values_list("seal_event_id", "created_at"))
-    sealed = AuditEvent.objects.filter(pk__in=list(made)).values_list("pk", "occurred_at")
-    lags = sorted((at - made[pk]).total_seconds() for pk, at in sealed)
-    if not lags:
-        return {}
-    return {
-        "seal_lag_ms_p50": round(statistics.median(lags) * 1000),
-        "seal_lag_ms_max": round(lags[-1] * 1000),
+def seal_lag(after_id: int, signed: list[tuple[datetime, int]]) -> tuple[dict, list[float], list[float]]:
+    """For the rows after `after_id`: from a pending seal's row made (its created_at, just before the
+    end's commit) to its leaf in a signed checkpoint: the first Checkpoint whose tree size exceeds its
+    leaf index (that row's created_at, inside the sealer's transaction), and the sealer's commit of
+    that checkpoint (`signed`, taken after seal_pending returned: what a reader can first see). Seconds."""
+    rows = list(
+        PendingSeal.objects.filter(pk__gt=after_id, leaf_index__isnull=False).values_list(
+            "created_at", "leaf_index"
+        )
+    )
+    if not rows:
+        return {}, [], []
+    first = min(index for _, index in rows)
+    checkpoints = [
+        (at, int(size))
+        for at, size in Checkpoint.objects.filter(body__tree__size__gt=first)
+        .order_by("id")
+        .values_list("created_at", "body__tree__size")
+    ]
+    to_checkpoint, to_commit = [], []
+    for made, index in rows:
+        at = next(at for at, size in checkpoints if size > index)
+        to_checkpoint.append((at - made).total_seconds())
+        committed = next((at for at, size in signed if size > index), None)
+        if committed is not None:
+            to_commit.append((committed - made).total_seconds())
+    figures = {
+        "to_checkpoint_ms_p50": round(statistics.median(to_checkpoint) * 1000),
+        "to_checkpoint_ms_p95": round(percentile(to_checkpoint, 0.95) * 1000),
+        "to_checkpoint_ms_max": round(max(to_checkpoint) * 1000),
     }
+    if to_commit:
+        figures |= {
+            "to_commit_ms_p50": round(statistics.median(to_commit) * 1000),
+            "to_commit_ms_p95": round(percentile(to_commit, 0.95) * 1000),
+            "to_commit_ms_max": round(max(to_commit) * 1000),
+            "unmatched": len(rows) - len(to_commit),
+        }
+    return figures, to_checkpoint, to_commit
+
+
+LAGS: dict[str, list[float]] = {"to_checkpoint": [], "to_commit": []}  # every round's, for the totals
 
 
 def measure_ends(layout: str, enders: int, count: int) -> dict:
@@ -188,8 +236,8 @@ def measure_ends(layout: str, enders: int, count: int) -> dict:
     threads = [
         threading.Thread(target=end_runs, args=(obj, count, layout, ends, holds)) for _ in range(enders)
     ]
-    stop, batches = threading.Event(), []
-    sealer = threading.Thread(target=seal_every_second, args=(stop, batches))
+    stop, batches, signed = threading.Event(), [], []
+    sealer = threading.Thread(target=seal_every_second, args=(stop, batches, signed))
     last_row = PendingSeal.objects.order_by("-id").values_list("id", flat=True).first() or 0
     if layout == PENDING:
         sealer.start()
@@ -201,11 +249,19 @@ def measure_ends(layout: str, enders: int, count: int) -> dict:
     elapsed = time.perf_counter() - started
     extra = {}
     if layout == PENDING:
+        # The sealer keeps its schedule until the last ends are in a signed checkpoint (no early seal
+        # at the end: that would shorten the last rows' latency).
+        waiting = PendingSeal.objects.filter(pk__gt=last_row, leaf_index__isnull=True)
+        deadline = time.monotonic() + 30
+        while waiting.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         stop.set()
         sealer.join()
-        batches.append(seal_pending())  # what was left after the last round: the next beat's
-        extra = {"seal_batches": sum(1 for b in batches if b), "seal_batch_max": max(batches)}
-        extra |= seal_lag(last_row)
+        extra = {"seal_batches": sum(1 for b in batches if b), "seal_batch_max": max(batches, default=0)}
+        lag, to_checkpoint, to_commit = seal_lag(last_row, signed)
+        extra |= lag
+        LAGS["to_checkpoint"] += to_checkpoint
+        LAGS["to_commit"] += to_commit
     return {
         "layout": layout,
         "enders": enders,
@@ -218,11 +274,11 @@ def measure_ends(layout: str, enders: int, count: int) -> dict:
     }
 
 
-def spread(rows: list[dict]) -> list[dict]:
+def spread(rows: list[dict], layouts: tuple[str, ...] = LAYOUTS) -> list[dict]:
     """Per count of enders and layout, over the rounds: median ends/s, its min and max."""
     summary = []
     for enders in dict.fromkeys(r["enders"] for r in rows):
-        for layout in LAYOUTS:
+        for layout in layouts:
             rates = sorted(r["ends_per_s"] for r in rows if r["enders"] == enders and r["layout"] == layout)
             summary.append(
                 {
@@ -296,6 +352,13 @@ def main() -> None:
     parser.add_argument("--ends", type=int, default=150, help="runs each ender ends")
     parser.add_argument("--rounds", type=int, default=3, help="--enders: rounds of every layout (the spread)")
     parser.add_argument("--no-runs", action="store_true", help="--enders: leave out the real runs' cost")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=("global", "pending", "run-only"),
+        default=["global", "pending", "run-only"],
+        help="--enders: which layouts to measure",
+    )
     parser.add_argument("--runs", type=int, default=20, help="real runs for the per-run write cost")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
@@ -338,14 +401,44 @@ append in the system queues behind one row lock.""",
 def global_head(args: argparse.Namespace, machine: str) -> None:
     """Run ends a second with N enders, with and without the global seal, against the per-run cost."""
     rows = []
+    layouts = tuple(
+        {"global": GLOBAL, "pending": PENDING, "run-only": RUN_ONLY}[name] for name in args.layouts
+    )
     for enders in args.enders:
         for _ in range(args.rounds):  # interleaved: each count of enders in turn, each round every layout
-            for layout in LAYOUTS:
+            for layout in layouts:
                 rows.append(measure_ends(layout, enders, args.ends))
                 print(json.dumps({**rows[-1], "machine": machine}), flush=True)
-    summary = spread(rows)
+    summary = spread(rows, layouts)
     for row in summary:
         print(json.dumps({"figure": "ends per second over the rounds", **row}), flush=True)
+    if PENDING in layouts and RUN_ONLY in layouts:
+        for enders in dict.fromkeys(r["enders"] for r in summary):
+            by = {r["layout"]: r["ends_per_s_median"] for r in summary if r["enders"] == enders}
+            print(
+                json.dumps(
+                    {
+                        "figure": "pending over run chain only",
+                        "enders": enders,
+                        "ratio": round(by[PENDING] / by[RUN_ONLY], 3),
+                    }
+                ),
+                flush=True,
+            )
+    for name, lags in LAGS.items():
+        if lags:
+            print(
+                json.dumps(
+                    {
+                        "figure": f"seal latency, {name}, all rounds",
+                        "rows": len(lags),
+                        "p50_ms": round(statistics.median(lags) * 1000),
+                        "p95_ms": round(percentile(lags, 0.95) * 1000),
+                        "max_ms": round(max(lags) * 1000),
+                    }
+                ),
+                flush=True,
+            )
     if args.no_runs:
         return
     holds = [r["hold_ms_p50"] for r in rows if r["layout"] == GLOBAL and r["enders"] == min(args.enders)]
