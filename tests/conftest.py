@@ -73,10 +73,16 @@ def _audit_triggers_on(request):
 
 
 @pytest.fixture(autouse=True)
-def _private_checkpoints(settings, tmp_path):
+def _private_checkpoints(request):
     """Each test's signed checkpoints in a folder of its own: the sealer signs one after every batch,
-    and a verification reads every file of the folder (another test's would name rows it lacks)."""
-    settings.AUDIT_CHECKPOINT_DIR = tmp_path / "checkpoints"
+    and a verification reads every file of the folder (another test's would name rows it lacks). The
+    acceptance record's tests share the record's folder (tests/acceptance/conftest.py)."""
+    if "record" in request.fixturenames:
+        yield
+        return
+    settings = request.getfixturevalue("settings")
+    settings.AUDIT_CHECKPOINT_DIR = request.getfixturevalue("tmp_path") / "checkpoints"
+    yield
 
 
 @pytest.fixture(autouse=True)

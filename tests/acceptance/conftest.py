@@ -40,7 +40,8 @@ def record(django_db_setup, django_db_blocker, acceptance_server, tmp_path_facto
     from tests.conftest import clear_queues
 
     work_dir = tmp_path_factory.mktemp("acceptance-var")
-    with override_settings(VAR_DIR=work_dir):
+    # The record's checkpoint notes (the sealer signs one per batch) stay its own for its tests.
+    with override_settings(VAR_DIR=work_dir, AUDIT_CHECKPOINT_DIR=work_dir / "audit" / "checkpoints"):
         with django_db_blocker.unblock():
             started = time.monotonic()
             try:
