@@ -122,9 +122,9 @@ class PendingSeal(models.Model):
 
     class Meta:
         indexes = [
-            # The pending ones, oldest first: what the sealer takes. Partial, so it holds only the few
+            # The rows without a leaf, oldest first: what the sealer takes. Partial, so it holds only the few
             # rows waiting; the unique chain index and the primary key are the table's only others.
-            models.Index(fields=["id"], condition=Q(seal_event_id__isnull=True), name="audit_seal_pending"),
+            models.Index(fields=["id"], condition=Q(leaf_index__isnull=True), name="audit_seal_unlogged"),
         ]
 
     def __str__(self) -> str:
