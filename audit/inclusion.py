@@ -70,6 +70,8 @@ def of_row(row: PendingSeal, *, head: Checkpoint | None = None) -> Inclusion | N
     )
 
 
-def of_chain(name: str) -> Inclusion | None:
+def of_chain(name: str, *, head: Checkpoint | None = None) -> Inclusion | None:
+    """A run chain's inclusion proof in `head` (default: the latest signed tree head); a caller proving
+    several runs reads the head once, so that all its proofs lead to the same one."""
     row = PendingSeal.objects.filter(chain=name).first()
-    return of_row(row) if row is not None else None
+    return of_row(row, head=head) if row is not None else None

@@ -105,10 +105,10 @@ class LogInclusionView(APIView):
     @extend_schema(responses=OpenApiResponse(OpenApiTypes.OBJECT, description="The runs' inclusion proofs"))
     def get(self, request: Request, task_id) -> Response:
         task = _task(task_id)
-        runs = []
+        runs, head = [], inclusion.latest_tree_head()
         for run in task.runs.order_by("pk"):
             chain = f"run:{run.correlation_id}"
-            proof = inclusion.of_chain(chain)
+            proof = inclusion.of_chain(chain, head=head)
             runs.append(
                 {
                     "run": run.pk,

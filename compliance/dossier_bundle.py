@@ -16,8 +16,8 @@ from audit.actions import Action
 from audit.bundle import FORMAT
 from audit.chain import event_content, run_chain
 from audit.checkpoints import purge_body
-from audit.inclusion import of_chain
-from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, CheckpointHead
+from audit.inclusion import latest_tree_head, of_chain
+from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, Checkpoint, CheckpointHead
 from routing.models import Attempt, Run, Task
 
 
@@ -25,7 +25,7 @@ def _event(event: AuditEvent) -> dict[str, Any]:
     return {"id": event.pk, "hash": event.hash, "prev_hash": event.prev_hash, "content": event_content(event)}
 
 
-def _run(run: Run) -> dict[str, Any]:
+def _run(run: Run, tree_head: Checkpoint | None) -> dict[str, Any]:
     name = run_chain(run.correlation_id)
     seal = (
         AuditEvent.objects.annotate(sealed_chain=KT("payload__chain"))
@@ -33,7 +33,7 @@ def _run(run: Run) -> dict[str, Any]:
         .order_by("-seq")
         .first()
     )
-    inclusion = of_chain(name)
+    inclusion = of_chain(name, head=tree_head)
     # Before the log: the checkpoint that signed the chain's head (a run in the log needs none).
     head = (
         CheckpointHead.objects.filter(chain=name).select_related("checkpoint").order_by("-seq").first()
@@ -110,6 +110,7 @@ def _run(run: Run) -> dict[str, Any]:
 
 
 def dossier_bundle(task: Task, *, exported_by: str) -> dict[str, Any]:
+    tree_head = latest_tree_head()  # every run proven against the same signed tree head
     return {
         "format": FORMAT,
         "exported_at": timezone.now().isoformat(),
@@ -124,5 +125,7 @@ def dossier_bundle(task: Task, *, exported_by: str) -> dict[str, Any]:
             "cost_usd": str(task.cost_usd),
             "purged_at": task.purged_at.isoformat() if task.purged_at else None,
         },
-        "runs": [_run(run) for run in task.runs.select_related("conductor_version").order_by("pk")],
+        "runs": [
+            _run(run, tree_head) for run in task.runs.select_related("conductor_version").order_by("pk")
+        ],
     }
