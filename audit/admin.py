@@ -23,11 +23,11 @@ from django.utils.html import escape
 from accounts.admin import AUDITOR, RoleModelAdmin, request_context_register, site
 from accounts.models import ApiToken
 from accounts.roles import has_role, user_roles
+from audit.grants import token_revoke
 
 from . import policies, user_events
 from .actions import Action
 from .models import LegalHold, PolicyRule
-from .roles import token_revoke
 from .services import Actor, event_record
 
 

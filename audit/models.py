@@ -265,7 +265,7 @@ class LegalHold(models.Model):
     """Stops retention from deleting a task's data and record until released."""
 
     # The task's id, not a foreign key: audit knows nothing of routing. Deleting a held task is refused
-    # by routing (routing.holds).
+    # by routing (governance.holds).
     task_id = models.UUIDField(db_index=True)
     reason = models.TextField()
     placed_by = models.CharField(max_length=150)

@@ -1,5 +1,5 @@
 """API tokens against the events that record them: a token row is what its `token.created` event
-recorded (its user, role, expiry, name, prefix and key, audit.roles.token_created_payload), and is
+recorded (its user, role, expiry, name, prefix and key, audit.grants.token_created_payload), and is
 revoked once a `token.revoked` event says so. A token inserted by SQL has no event; one whose role or
 expiry was changed by SQL differs from it.
 
@@ -19,10 +19,10 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from accounts.models import ApiToken
+from audit.grants import token_created_payload
 
 from .actions import Action
 from .models import GLOBAL_CHAIN, AuditEvent
-from .roles import token_created_payload
 from .verify import Problem, hash_short
 
 TOKEN_EVENTS = (Action.TOKEN_CREATED, Action.TOKEN_REVOKED)

@@ -8,7 +8,7 @@
   deletion (`group.created`, `group.renamed`, `group.deleted`: a group's name is a role).
 
 Each event is written inside the transaction of the change when there is one (the admin site,
-grant_role and audit.roles.user_set_roles all change users in one; Django's m2m managers always do),
+grant_role and audit.grants.user_set_roles all change users in one; Django's m2m managers always do),
 so a change rolled back takes its event with it. A bare `user.save()` in autocommit mode (a shell)
 commits its row first and its event right after: Django sends post_save outside the save's own
 transaction, so no signal can do better there.

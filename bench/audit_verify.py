@@ -229,7 +229,7 @@ def main() -> None:
     for _ in range(args.rounds):
         PARTS.clear()
         started = time.perf_counter()
-        # rows=False: the synthetic chains have no run rows, and the row check (routing.record_check)
+        # rows=False: the synthetic chains have no run rows, and the row check (governance.run_rows)
         # reports every sealed chain without a run row as a run deleted; the real runs' rows are
         # timed above (one_real_run_with_rows).
         report = verify(rows=False)

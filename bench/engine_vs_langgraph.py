@@ -264,9 +264,9 @@ def deferred_work() -> None:
     """What the engine leaves to its periodic tasks (beat) for the runs that ended: their part of the
     aggregate pages' rollups and, where a run's end leaves its seal pending, the global chain's seals.
     Part of the engine's work: the benchmark does it inside the engine's CPU clock."""
-    from routing import rollups
+    from routing import folds
 
-    rollups.fold()
+    folds.fold()
     try:
         from audit.seals import seal_pending  # optional: before pending seals, a run's end sealed itself
     except ImportError:

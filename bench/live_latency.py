@@ -42,8 +42,8 @@ from django.db import connections  # noqa: E402
 
 from accounts.models import Role  # noqa: E402
 from audit.chain import run_chain  # noqa: E402
+from audit.grants import user_set_roles  # noqa: E402
 from audit.models import ChainHead  # noqa: E402
-from audit.roles import user_set_roles  # noqa: E402
 from routing import engine  # noqa: E402
 from routing.models import ConductorVersion, RunStatus, Step, Task, Worker  # noqa: E402
 from routing.services import TaskSubmission, task_submit  # noqa: E402

@@ -37,7 +37,7 @@ from django.core.management import call_command  # noqa: E402
 from audit.services import Actor  # noqa: E402
 from conductor_web import local_model  # noqa: E402
 from routing import engine, replay  # noqa: E402
-from routing.local_model import local_model_register  # noqa: E402
+from routing.local_pool import local_model_register  # noqa: E402
 from routing.models import Decision, Run  # noqa: E402
 from routing.services import conductor_active  # noqa: E402
 from training.local_base import local_base_dir  # noqa: E402

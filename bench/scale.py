@@ -52,7 +52,7 @@ from django.utils import timezone  # noqa: E402
 
 from accounts.models import Role  # noqa: E402
 from audit.chain import run_chain  # noqa: E402
-from audit.roles import user_set_roles  # noqa: E402
+from audit.grants import user_set_roles  # noqa: E402
 from audit.services import Actor  # noqa: E402
 from audit.verify import verify  # noqa: E402
 from routing import engine, replay  # noqa: E402
@@ -771,7 +771,7 @@ def paths(real_task: Task, real_run: Run) -> list[tuple[str, str]]:
         ("analytics 7 days", f"/analytics/?since={d7}"),
         ("analytics 60 days", f"/analytics/?since={d60}"),
     ]
-    from routing.views import ANALYTICS_CHARTS
+    from operations.tasks.views import ANALYTICS_CHARTS
 
     for chart in ANALYTICS_CHARTS:
         out.append((f"analytics CSV {chart} (60 d)", f"/analytics/?since={d60}&chart={chart}"))

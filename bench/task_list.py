@@ -28,8 +28,8 @@ django_setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
+from operations.tasks.filters import TaskFilter  # noqa: E402
 from routing import replay, selectors  # noqa: E402
-from routing.filters import TaskFilter  # noqa: E402
 from routing.models import Task  # noqa: E402
 
 PAGE = 50

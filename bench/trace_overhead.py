@@ -89,7 +89,8 @@ def main() -> None:
     from django.core.management import call_command
 
     from bench.docs import write_section
-    from routing import engine, replay, telemetry
+    from observability import telemetry
+    from routing import engine, replay
     from routing.models import Step, Task
     from routing.services import TaskSubmission, task_submit
 

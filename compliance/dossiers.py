@@ -17,7 +17,7 @@ from audit.chain import run_chain
 from audit.exports import checkpoint_reference
 from audit.models import AuditEvent, LegalHold
 from audit.verify import verify
-from routing import rollups
+from routing import folds
 from routing.models import ConductorVersion, Run, RunStatus, Step, StepStatus, Task, TaskExposure, UsageRollup
 from routing.plans import visible_indices
 
@@ -25,9 +25,9 @@ from routing.plans import visible_indices
 def vendor_exposure(*, since: datetime | None, until: datetime | None) -> list[dict[str, Any]]:
     """Which vendors received data of which classification: steps that reached a vendor (any call made),
     and answers sent to an LLM judge for grading (with the task and its reference). Finished runs come
-    from the rollups (whole hours, whole days read from daily rows: routing.rollups.window), runs in flight from their rows; `tasks`
+    from the rollups (whole hours, whole days read from daily rows: routing.folds.window), runs in flight from their rows; `tasks`
     counts each task once per vendor, in the period its content first reached that vendor."""
-    qs = rollups.window(UsageRollup.objects.exclude(vendor=""), since, until)
+    qs = folds.window(UsageRollup.objects.exclude(vendor=""), since, until)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
 
     def row(vendor: str, classification: str) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def vendor_tasks(
     """The newest tasks of a class whose content reached a vendor (a step's call or an LLM judge) in
     the period: finished runs from TaskExposure (its first and last time overlap the period), runs in
     flight from their rows."""
-    rollups.fold_for_read()
+    folds.fold_for_read()
     seen = TaskExposure.objects.filter(vendor=vendor, classification=classification)
     if since:
         seen = seen.filter(last_at__gte=since)

@@ -22,7 +22,7 @@ from audit import signing
 from audit.actions import Action
 from audit.exports import EXPORT_FORMATS, checkpoint_reference, export_response
 from audit.filters import AuditEventFilter
-from audit.roles import token_create, token_revoke
+from audit.grants import token_create, token_revoke
 from audit.services import Actor, event_record
 from audit.verify import verify
 from utilities import params

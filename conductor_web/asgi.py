@@ -16,7 +16,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from routing.routing_ws import websocket_urlpatterns  # noqa: E402
+from operations.live.routes import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

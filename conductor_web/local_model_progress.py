@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conductor_web import local_model
-from routing.local_model import WORKER_SLUG
+from routing.local_pool import WORKER_SLUG
 from routing.local_server import BUILD_TIME, state_reason
 
 REMIND_EVERY_S = 300.0  # a step that lasts (the first build): said again this often, with the time so far

@@ -62,11 +62,15 @@ INSTALLED_APPS = [
     "axes",  # before audit: its failed-login handler runs first, and audit reads what it counted
     "accounts",  # roles, API tokens, the admin site by role; below audit, which records their changes
     "audit",
-    "routing",
-    "compliance",  # the auditors' pages and API, above routing and audit
+    "routing",  # the engine: a run's life and its rows
+    "governance",  # retention, legal holds, the row checks verification runs
+    "review",  # annotations, the review queue, the playground
+    "operations",  # the operators' pages and read models
+    "observability",  # traces and /metrics
+    "compliance",  # the auditors' pages and API
     "training",
     "conductor_web",  # the project's own commands (demo, services)
-    "django_prometheus",  # request metrics on /metrics (conductor_web.metrics)
+    "django_prometheus",  # request metrics on /metrics (observability.views)
 ]
 
 MIDDLEWARE = [
@@ -202,7 +206,7 @@ RETENTION_DAYS = {
 }
 
 # A process adds the runs that ended to the aggregate pages' rollups at most this often, after a run of
-# its own ends (routing.rollups.fold); a page that reads them folds first, whatever this is.
+# its own ends (routing.folds.fold); a page that reads them folds first, whatever this is.
 ROLLUP_FOLD_EVERY_S = env_float("CONDUCTOR_ROLLUP_FOLD_EVERY_S", 2.0, minimum=0.0)
 
 # --- Celery -------------------------------------------------------------------------------
@@ -251,7 +255,7 @@ CELERY_TASK_ROUTES = {
             "routing.tasks.requeue_stalled_runs",
             "audit.tasks.checkpoint_create",
             "audit.tasks.seal_pending",
-            "routing.tasks.retention_purge",
+            "governance.tasks.retention_purge",
         )
     },
     "training.*": {"queue": CONDUCTOR_QUEUE_PREFIX + "training"},
@@ -268,7 +272,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(AUDIT_CHECKPOINT_EVERY_S),
     },
     "audit-seal": {"task": "audit.tasks.seal_pending", "schedule": AUDIT_SEAL_EVERY_S},
-    "retention-purge": {"task": "routing.tasks.retention_purge", "schedule": 3600.0},
+    "retention-purge": {"task": "governance.tasks.retention_purge", "schedule": 3600.0},
     "training-settle": {"task": "training.tasks.settle", "schedule": 30.0},
 }
 CELERY_TASK_ALWAYS_EAGER = False
@@ -318,15 +322,15 @@ OPS_ERROR_RATE_ALERT = env_float("OPS_ERROR_RATE_ALERT", 0.2, minimum=0.0)
 OPS_ALERT_MIN_CALLS = env_int("OPS_ALERT_MIN_CALLS", 5, minimum=1)
 OPS_SPEND_PER_MINUTE_ALERT_USD: Decimal = env_decimal("OPS_SPEND_PER_MINUTE_ALERT_USD", "1.00")
 # Offline runs (rollouts + evaluations) one user may have queued or running at once: a start that
-# would go above it is refused (training/limits.py), so the live queue keeps moving.
+# would go above it is refused (training/quotas.py), so the live queue keeps moving.
 CONDUCTOR_MAX_QUEUED_RUNS_PER_USER = env_int("CONDUCTOR_MAX_QUEUED_RUNS_PER_USER", 2000, minimum=1)
 
-# Prometheus metrics at /metrics (conductor_web.metrics): with a token set, a scrape must send it as
+# Prometheus metrics at /metrics (observability.views): with a token set, a scrape must send it as
 # "Authorization: Bearer <token>"; without one, only loopback addresses may scrape.
 METRICS_TOKEN = env_str("CONDUCTOR_METRICS_TOKEN", "") or ""
 PROMETHEUS_EXPORT_MIGRATIONS = False  # django-prometheus would query the database at start-up
 
-# OpenTelemetry traces of runs (routing.telemetry): on when an OTLP endpoint is set through the
+# OpenTelemetry traces of runs (observability.telemetry): on when an OTLP endpoint is set through the
 # standard variables, which the SDK reads itself (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS,
 # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP_*); OTEL_SDK_DISABLED=true turns it off.
 OTEL_TRACES = (
@@ -360,7 +364,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["accounts.roles.HasRole"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "routing.pagination.CreatedCursorPagination",
+    "DEFAULT_PAGINATION_CLASS": "operations.tasks.pagination.CreatedCursorPagination",
     "DEFAULT_PARSER_CLASSES": [
         "conductor_web.parsers.StrictJSONParser",
         "rest_framework.parsers.FormParser",
@@ -433,7 +437,7 @@ AXES_CLIENT_IP_CALLABLE = "audit.auth_events.client_ip"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "routing:task-list"
 LOGOUT_REDIRECT_URL = "login"
-# API tokens (audit.roles.token_create): days until a new token expires, unless asked; the longest allowed.
+# API tokens (audit.grants.token_create): days until a new token expires, unless asked; the longest allowed.
 API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365, minimum=1)
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90, minimum=1)
 if API_TOKEN_DEFAULT_DAYS > API_TOKEN_MAX_DAYS:
@@ -467,9 +471,9 @@ LOGGING = {
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         # One JSON object a line, with the run's ids and trace id while a run executes.
-        "json": {"()": "routing.log_context.JsonLines"},
+        "json": {"()": "utilities.structured_logs.JsonLines"},
     },
-    "filters": {"run_ids": {"()": "routing.log_context.ContextFilter"}},
+    "filters": {"run_ids": {"()": "utilities.structured_logs.ContextFilter"}},
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["run_ids"]}
     },

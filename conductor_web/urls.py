@@ -8,9 +8,9 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from accounts.admin import site as admin_site  # the admin site by role (not Django's staff flag)
+from observability.views import metrics
 
 from .api_docs import RedocView, redoc_bundle
-from .metrics import metrics
 
 
 class FaviconView(RedirectView):
@@ -28,14 +28,14 @@ handler500 = "conductor_web.error_views.server_error"
 
 urlpatterns = [
     path("favicon.ico", FaviconView.as_view(), name="favicon"),
-    path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (conductor_web.metrics)
-    path("", include("routing.urls")),
-    path("", include("routing.review_urls")),
-    path("", include("routing.playground_urls")),
+    path("metrics", metrics, name="metrics"),  # Prometheus: loopback or a token (observability.views)
+    path("", include("operations.urls")),
+    path("", include("review.annotations.urls")),
+    path("", include("review.playground.urls")),
     path("api/training/", include("training.api_urls")),
     path("api/audit/", include("compliance.api_urls")),
-    path("api/", include("routing.api_urls")),
-    path("api/", include("routing.review_api_urls")),
+    path("api/", include("operations.api_urls")),
+    path("api/", include("review.annotations.api_urls")),
     path("audit/", include("compliance.urls")),
     path("training/", include("training.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -1,6 +1,6 @@
 """What every layer knows of the local model's server, without Django: the model's name, where its
 weights lie, and the address a port gives. The server's life is conductor_web.local_model's; what
-the pool records of it, routing.local_model's; training reads the weights as a base to train on.
+the pool records of it, routing.local_pool's; training reads the weights as a base to train on.
 """
 
 from __future__ import annotations

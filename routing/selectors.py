@@ -11,7 +11,7 @@ from django.contrib.postgres.search import SearchQuery
 from django.db.models import DurationField, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
-from .models import CONDUCTOR_SLUG, Attempt, Decision, Run, Step, StepStatus, Task, Worker
+from .models import CONDUCTOR_SLUG, Attempt, ConductorVersion, Decision, Run, Step, StepStatus, Task, Worker
 
 ANSWERING_KINDS = (Run.Kind.LIVE, Run.Kind.RETRY)  # the runs that set a task's status and answer
 
@@ -36,7 +36,7 @@ def with_final_worker(tasks: QuerySet[Task]) -> QuerySet[Task]:
 
 
 def task_list() -> QuerySet[Task]:
-    """Tasks as lists show them (filtered by routing.filters.TaskFilter)."""
+    """Tasks as lists show them (filtered by operations.tasks.filters.TaskFilter)."""
     return Task.objects.defer("final_answer", "search_vector")
 
 
@@ -132,3 +132,12 @@ def vendor_names() -> list[str]:
 def worker_list(*, enabled_only: bool = False) -> QuerySet[Worker]:
     qs = Worker.objects.all()
     return qs.filter(enabled=True) if enabled_only else qs
+
+
+def worker_slugs() -> list[str]:
+    """Every registered worker's slug and the conductor's: what a filter by worker may name."""
+    return sorted([*Worker.objects.values_list("slug", flat=True), CONDUCTOR_SLUG])
+
+
+def conductor_names() -> list[str]:
+    return sorted(ConductorVersion.objects.values_list("name", flat=True))

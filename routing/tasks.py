@@ -41,7 +41,6 @@ from kombu.exceptions import KombuError
 from . import engine, presence
 from .broker import Sent, run_messages
 from .models import Run, RunStatus
-from .retention import retention_purge as purge
 
 log = logging.getLogger(__name__)
 
@@ -212,10 +211,3 @@ def requeue_stalled_runs() -> list[int]:
     if sent:
         log.warning("sent stalled runs again %s", sent)
     return sent
-
-
-@shared_task(name="routing.tasks.retention_purge")
-def retention_purge() -> int:
-    """Hourly: the content of tasks past their data class's retention, and their run chains."""
-
-    return len(purge())

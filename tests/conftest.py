@@ -131,7 +131,7 @@ def local_model_server() -> str:
 def local_pool(db, local_model_server):
     """The local model registered as a worker (vendor local, $0) and as the `smollm2-local` conductor."""
     from audit.services import Actor
-    from routing.local_model import local_model_register
+    from routing.local_pool import local_model_register
 
     worker, conductor = local_model_register(api_base=local_model_server, actor=Actor.service("tests"))
     return {"worker": worker, "conductor": conductor, "api_base": local_model_server}
@@ -140,12 +140,12 @@ def local_pool(db, local_model_server):
 @pytest.fixture
 def no_fold_after_runs(settings, monkeypatch):
     """This process folded the rollups just now and folds again in an hour at most: a run's end is
-    followed by no fold of its own (routing.rollups), for tests that pin a run's statements or its
+    followed by no fold of its own (routing.folds), for tests that pin a run's statements or its
     waiting row. Pages still fold before they read."""
-    from routing import rollups
+    from routing import folds
 
     settings.ROLLUP_FOLD_EVERY_S = 3600
-    monkeypatch.setattr(rollups._folds, "last", time.monotonic())
+    monkeypatch.setattr(folds._folds, "last", time.monotonic())
 
 
 @pytest.fixture
@@ -284,7 +284,7 @@ def make_user(db):
     """`make_user("ann", "auditor")`: a user holding those roles (none: a user with no role)."""
     from django.contrib.auth import get_user_model
 
-    from audit.roles import user_set_roles
+    from audit.grants import user_set_roles
 
     def _make(username: str, *roles: str, password: str = "correct horse battery staple"):
         user = get_user_model().objects.create_user(username=username, password=password)

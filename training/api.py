@@ -23,8 +23,8 @@ from accounts.roles import request_roles
 from audit.services import Actor
 from routing.models import ConductorVersion
 from routing.services import conductor_active
+from training import durations, quotas, services
 
-from . import durations, limits, services
 from .itemsets.selectors import split_ids
 from .models import FINISHED, Dataset, Evaluation, RolloutBatch, TrainingJob
 from .rewards import RewardConfig
@@ -212,7 +212,7 @@ class RolloutBatchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Trai
         responses={201: RolloutBatchDetailOutput, 200: EstimateOutput, 400: REFUSED},
         description="Sample K workflows per item from a conductor version: the items given, or the first "
         "`limit` items of a set's split (of one kind, if given); `survey`: every allowed worker answers each item once. Refused above "
-        f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x K) per request, or when it would take your queued "
+        f"{quotas.MAX_RUNS_PER_REQUEST:,} runs (items x K) per request, or when it would take your queued "
         "offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs and their estimated "
         "cost (200), nothing started.",
     )
@@ -268,7 +268,7 @@ class EvaluationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Traini
         responses={201: EvaluationOutput, 200: EstimateOutput, 400: REFUSED},
         description="Run the candidate and the baseline (the active conductor by default) on the first "
         "`limit` items of a set's split (`item_set`; the bundled `replay` by default): a limit above the split's items is refused, as are more than "
-        f"{limits.MAX_RUNS_PER_REQUEST:,} runs (items x 2) per request and a start that would take your "
+        f"{quotas.MAX_RUNS_PER_REQUEST:,} runs (items x 2) per request and a start that would take your "
         "queued offline runs above CONDUCTOR_MAX_QUEUED_RUNS_PER_USER. `dry_run`: the runs, their "
         "estimated cost and expected duration (200), nothing started.",
     )

@@ -12,7 +12,7 @@ from django.conf import settings
 from routing.limits import NAME_MAX_CHARS, NAME_RULE, name_check
 from routing.models import ConductorVersion
 
-from . import limits
+from . import quotas
 from .itemsets.selectors import REPLAY_SET, set_names
 from .local_base import local_base_available, local_base_dir
 from .models import Dataset, RolloutBatch, TrainingJob
@@ -270,7 +270,7 @@ class RolloutsForm(forms.Form):
         data = super().clean()
         if data.get("limit") and data.get("k"):
             try:  # the items asked for x K (the split may have fewer: the service counts those)
-                limits.rollout_runs_check(data["limit"], data["k"])
+                quotas.rollout_runs_check(data["limit"], data["k"])
             except forms.ValidationError as exc:
                 self.add_error(None, exc)
         return data
@@ -341,7 +341,7 @@ class EvaluateForm(forms.Form):
         data = super().clean()
         if data.get("limit"):
             try:  # the split's size is the service's check (it reads the split)
-                limits.evaluation_runs_check(data["limit"])
+                quotas.evaluation_runs_check(data["limit"])
             except forms.ValidationError as exc:
                 self.add_error(None, exc)
         return data

@@ -4,7 +4,7 @@ reward = correctness x term - cost_penalty_per_usd x cost of the run (USD)
 
 where the term is the run's score (1 right, 0 wrong), or with `format_term` the paper's shaped term:
 0 when the conductor's plan did not parse, 0.5 when it parsed but the answer is wrong, 1 when right.
-With `human_labels`, a run a reviewer marked correct or wrong (routing.review) is right or wrong by
+With `human_labels`, a run a reviewer marked correct or wrong (review.annotations.services) is right or wrong by
 that verdict, whatever its scorer said; runs without a verdict keep their score.
 """
 

@@ -14,8 +14,8 @@ from rest_framework import serializers
 
 from routing.limits import NAME_RULE, name_check
 from routing.models import ConductorVersion
+from training import quotas, services
 
-from . import limits, services
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob, TrainingMetric
 
 LOG_TAIL_CHARS = 8000
@@ -191,7 +191,7 @@ class RolloutsStartInput(serializers.Serializer):
             raise serializers.ValidationError("give items, or split (with limit and domain), not both")
         # The items asked for x K (a split may have fewer: the service counts those), as the form does.
         asked = len(set(attrs["items"])) if "items" in attrs else attrs["limit"]
-        limits.rollout_runs_check(asked, attrs["k"])
+        quotas.rollout_runs_check(asked, attrs["k"])
         return attrs
 
 
@@ -210,7 +210,7 @@ class EvaluationStartInput(serializers.Serializer):
     dry_run = serializers.BooleanField(required=False, default=False, help_text=DRY_RUN_HELP)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        limits.evaluation_runs_check(attrs["limit"])  # the split's size is the service's check
+        quotas.evaluation_runs_check(attrs["limit"])  # the split's size is the service's check
         return attrs
 
 

@@ -24,7 +24,7 @@ from audit.services import event_record
 from audit.templatetags.display import plain, settings_text
 from routing import replay
 from routing.engine.planning import screened_workers
-from routing.local_model import MAX_PLAN_STEPS, MAX_TEXT_CHARS, conductor_config, local_api_base
+from routing.local_pool import MAX_PLAN_STEPS, MAX_TEXT_CHARS, conductor_config, local_api_base
 from routing.models import CONDUCTOR_SLUG, ConductorVersion, Task
 from routing.plans import workflow_schema
 from routing.secrets import redact

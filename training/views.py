@@ -29,9 +29,9 @@ from audit.services import Actor
 from routing.errors import ServiceError
 from routing.models import ConductorVersion
 from routing.services import conductor_active
+from training import durations, page_state, quotas, services
 from utilities import params
 
-from . import durations, limits, page_state, services
 from .forms import DatasetBuildForm, EvaluateForm, JobStartForm, RolloutsForm
 from .itemsets.selectors import split_ids
 from .models import Dataset, Evaluation, JobStatus, RolloutBatch, TrainingJob
@@ -66,8 +66,8 @@ def home_page(request: HttpRequest, **forms: Any) -> HttpResponse:
         "evaluate_form": EvaluateForm(),
         "rollouts_preview": forms.get("rollouts_preview"),
         "evaluate_preview": forms.get("evaluate_preview"),
-        "max_runs_per_request": limits.MAX_RUNS_PER_REQUEST,
-        "max_queued_runs_per_user": limits.max_queued_runs_per_user(),
+        "max_runs_per_request": quotas.MAX_RUNS_PER_REQUEST,
+        "max_queued_runs_per_user": quotas.max_queued_runs_per_user(),
         "can_write": has_role(request, WRITERS),
         "rollback": dict(zip(("current", "previous"), services.rollback_target(), strict=True)),
     }

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import migrations, models
 from django.utils import timezone
 
-PREFIX_CHARS = 10  # audit.roles.TOKEN_PREFIX_CHARS when this was written
+PREFIX_CHARS = 10  # audit.grants.TOKEN_PREFIX_CHARS when this was written
 
 
 def hash_keys(apps, schema_editor):

@@ -11,8 +11,9 @@ from django.db import transaction
 
 from audit.models import AuditEvent
 from audit.services import ENGINE, event_fields
+from routing import live_events
+from utilities import structured_logs
 
-from .. import live, log_context
 from ..models import Run
 from ..signals import run_finished, written_at_end
 from .execution import RunExecution
@@ -71,11 +72,11 @@ def announce(execution: RunExecution, *events: AuditEvent) -> None:
         {"run": run.pk, "seq": e.seq, "action": e.action, "object": e.object_type, "id": e.object_id}
         for e in events
     ]
-    live.publish_on_commit(task_id=run.task_id, events=shown)
+    live_events.publish_on_commit(task_id=run.task_id, events=shown)
     if not events_log.isEnabledFor(logging.INFO):
         return
     if execution.log_ids is None:
-        execution.log_ids = log_context.ids_of(run)
+        execution.log_ids = structured_logs.ids_of(run)
     ids = execution.log_ids
 
     def log_lines() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from .. import log_context
+from utilities import structured_logs
+
 from ..models import StopReason
 from ..secrets import redact
 from .claim import claim_run
@@ -28,7 +29,7 @@ def execute_run(run_id: int) -> None:
             execution = claim_run(run_id)
             if execution is None:
                 return
-            with log_context.bound(execution.run), Keeper(lock, execution):
+            with structured_logs.bound(execution.run), Keeper(lock, execution):
                 _live(execution)
             lock.release_later = True  # the run ended: its lock goes with the next one taken
     except ClaimLost as lost:

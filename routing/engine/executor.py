@@ -31,7 +31,7 @@ from audit import chain as audit_chain
 from audit import policies, rows
 from audit.seals import pending_seal
 
-from .. import rollups
+from .. import folds
 from ..models import Run, StepStatus
 from .changes import Build, Change
 from .events import announce, engine_event_fields
@@ -143,7 +143,7 @@ def apply_plainly(execution: RunExecution, build: Build) -> Change:
         if change.ends is not None:
             assert planned is not None, "a run's end is recorded by its last event"
             pending_seal(run=run, task_id=run.task_id, last=planned.events[-1]).save(force_insert=True)
-            rollups.run_waits(run.pk)
+            folds.run_waits(run.pk)
         _applied(execution, change, read, planned, None)
     return change
 
@@ -272,7 +272,7 @@ def _compiled(
     if planned is not None:
         audit_chain.appended(planned, event_ids)
     if change.ends is not None:
-        rollups.fold_after_commit()
+        folds.fold_after_commit()
     return planned, inserted_ids
 
 
@@ -396,7 +396,7 @@ def statement(shape: _Shape) -> str:
         )
     if shape.task is not None:
         ctes.append(f"task_ended AS ({task_ended_sql(shape.task, with_run_totals=True, gate=condition)})")
-        ctes.append(f"run_waits AS ({rollups.WAITS.format(gate=condition)})")
+        ctes.append(f"run_waits AS ({folds.WAITS.format(gate=condition)})")
     answers = [
         f"(SELECT count(*) FROM {gate})",  # noqa: S608 - names, not data
         f"(SELECT count(*) FROM {RUN_AS_ASSUMED} WHERE true{further})",  # noqa: S608

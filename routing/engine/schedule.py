@@ -100,7 +100,7 @@ class _Schedule:
     def _start(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if not self.pending and not self.ready:  # nothing else to do meanwhile: here, on this thread
             return _now(fn, *args)
-        # The pool thread logs and traces with the run's ids (routing.log_context): a copy of this context.
+        # The pool thread logs and traces with the run's ids (utilities.structured_logs): a copy of this context.
         return self.pool.submit(contextvars.copy_context().run, fn, *args)
 
     def _send(self, call: Call) -> None:

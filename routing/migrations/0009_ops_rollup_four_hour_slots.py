@@ -7,7 +7,7 @@ def refill(apps, schema_editor):
     """The rollups recounted from the rows the deployment holds (each slot width of the overview's
     history included). It runs today's SQL: a later change to the rollups' tables moves it to a
     migration of its own, after that change."""
-    from routing.rollups import rebuild
+    from routing.folds import rebuild
 
     rebuild()
 
@@ -27,7 +27,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='opsrollup',
             name='span_min',
-            field=models.PositiveSmallIntegerField(default=30, help_text="the slot's width in minutes (routing.rollups.OPS_SPANS)"),
+            field=models.PositiveSmallIntegerField(default=30, help_text="the slot's width in minutes (routing.folds.OPS_SPANS)"),
         ),
         migrations.AddConstraint(
             model_name='opsrollup',

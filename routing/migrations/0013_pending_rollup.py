@@ -4,9 +4,9 @@ from django.db import migrations, models
 def fold_waiting_runs(apps, schema_editor):
     """Rolled back: the runs still waiting are folded into the rollups before their table goes (the
     code before this migration adds a run to the rollups as it ends)."""
-    from routing import rollups
+    from routing import folds
 
-    rollups.fold()
+    folds.fold()
 
 
 class Migration(migrations.Migration):

@@ -1,4 +1,4 @@
-"""Rollups: what the aggregate pages read, kept as runs finish (routing.rollups folds them)."""
+"""Rollups: what the aggregate pages read, kept as runs finish (routing.folds folds them)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Grain(models.TextChoices):
 
 class UsageRollup(models.Model):
     """Calls that reached a worker or an LLM judge, summed per hour (and per day) of the call and per
-    everything the aggregate pages filter or group by. Folded in after each run ends (routing.rollups.fold); equal to a
+    everything the aggregate pages filter or group by. Folded in after each run ends (routing.folds.fold); equal to a
     recount from the rows (`manage.py rebuild_rollups`). Kept when retention deletes the rows: counts,
     tokens and money, no content."""
 
@@ -65,7 +65,7 @@ class UsageRollup(models.Model):
 
 class RunRollup(models.Model):
     """Finished runs summed per hour (and per day) of their creation, version, kind, task class and domain, the
-    worker that gave the final answer, and status (routing.rollups)."""
+    worker that gave the final answer, and status (routing.folds)."""
 
     grain = models.CharField(max_length=4, choices=Grain.choices)
     start = models.DateTimeField(help_text="The start of the hour or day (UTC)")
@@ -129,7 +129,7 @@ class TaskExposure(models.Model):
 class PendingRollup(models.Model):
     """A finished run not yet added to the rollups: written in the transaction that ends the run (one
     small row, where the three rollup upserts were), taken out by the fold that adds it
-    (routing.rollups.fold), in the fold's own transaction. No foreign key: the run's end checks none."""
+    (routing.folds.fold), in the fold's own transaction. No foreign key: the run's end checks none."""
 
     run_id = models.BigIntegerField(primary_key=True)
 
@@ -141,10 +141,10 @@ class OpsRollup(models.Model):
     """The live overview's history over a day or a week: per slot of finishing (half hours for the
     day, four hours for the week, UTC), runs by kind, and provider calls by worker and status, with
     their cost and, for succeeded calls, a latency histogram (`latency_bucket`:
-    routing.rollups.LATENCY_BOUNDS_MS). Written as runs finish (routing.rollups)."""
+    routing.folds.LATENCY_BOUNDS_MS). Written as runs finish (routing.folds)."""
 
     span_min = models.PositiveSmallIntegerField(
-        default=30, help_text="the slot's width in minutes (routing.rollups.OPS_SPANS)"
+        default=30, help_text="the slot's width in minutes (routing.folds.OPS_SPANS)"
     )
     slot = models.DateTimeField()
     series = models.CharField(max_length=4)  # "run" or "call"

@@ -292,7 +292,7 @@ CONDUCTOR_SLUG = "conductor"
 class Annotation(models.Model):
     """A reviewer's verdict on a run's answer, or on one of its steps: correct or wrong, with a short
     label and a comment. Appended, never changed: a reviewer who changes their mind adds another (the
-    newest counts, routing.review). Recorded as `annotation.added`, which binds its values."""
+    newest counts, review.annotations.services). Recorded as `annotation.added`, which binds its values."""
 
     class Verdict(models.TextChoices):
         CORRECT = "correct", "Correct"

@@ -7,7 +7,7 @@ from django.db import models
 
 
 class SavedView(models.Model):
-    """A task list's filters under a name: its query string (validated by routing.filters.TaskFilter
+    """A task list's filters under a name: its query string (validated by operations.tasks.filters.TaskFilter
     when saved), opened as /views/<id>/. Its owner sees it; everyone who reads tasks does once shared."""
 
     NAME_MAX = 100

@@ -77,7 +77,7 @@ def identities(record, django_db_blocker) -> dict[str, tuple[object | None, str 
     websocket's own threads see them too."""
     from django.contrib.auth import get_user_model
 
-    from audit.roles import token_create, user_set_roles
+    from audit.grants import token_create, user_set_roles
 
     made: dict[str, tuple[object | None, str | None]] = {"anonymous": (None, None)}
     with django_db_blocker.unblock():

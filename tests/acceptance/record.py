@@ -3,7 +3,7 @@
 `build_record` submits tasks with routing.services.task_submit and executes them with the engine
 in-process (as tests/routing/test_engine.py does), trains the learned conductor, samples rollouts,
 builds a dataset, evaluates a candidate, shadows it, runs and cancels training jobs, places a legal
-hold, purges a task through routing.retention, and writes policy rules: one task or object of every
+hold, purges a task through governance.retention, and writes policy rules: one task or object of every
 kind that a page of the app can show. Nothing a service makes is inserted by hand.
 
 Workers and conductors:
@@ -46,9 +46,9 @@ from audit.models import PolicyRule
 from audit.policies import policy_rule_save
 from audit.seals import seal_pending
 from audit.services import Actor, event_record, legal_hold_place
+from governance.retention import retention_purge
 from routing import engine, replay
 from routing.models import Attempt, ConductorVersion, DataClass, Run, RunStatus, Task, Worker
-from routing.retention import retention_purge
 from routing.services import (
     TaskSubmission,
     conductor_activate,
@@ -712,7 +712,7 @@ def _llm_kinds(server: OpenAIServer, keep: Callable[[str, Run], Run]) -> None:
 
 def _retention_kinds(server: OpenAIServer, keep: Callable[[str, Run], Run]) -> None:
     """held and purged: both finished past their retention period; the legal hold keeps one of them,
-    routing.retention.retention_purge deletes the content and run chains of the other."""
+    governance.retention.retention_purge deletes the content and run chains of the other."""
     made: dict[str, Task] = {}
     for kind in ("held", "purged"):
         server.program(

@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 
 from audit.models import AuditEvent, ChainPurge, LegalHold, PolicyRule
+from governance.retention import PURGED
 from routing.models import Attempt, ConductorVersion, Decision, Run, RunStatus, Step, StepStatus, Task
-from routing.retention import PURGED
 from tests.acceptance.record import HOSTILE_TEXT, MARKUP, RLO, TASK_KINDS, Record
 from training.models import Dataset, Evaluation, EvaluationRun, JobStatus, Rollout, RolloutBatch, TrainingJob
 from training.policy import Policy

@@ -13,8 +13,8 @@ from django.test import Client
 
 from accounts.admin import site
 from accounts.models import ApiToken
+from audit.grants import token_create
 from audit.models import AuditEvent, LegalHold, PolicyRule
-from audit.roles import token_create
 from routing.models import ConductorVersion, Task, Worker
 from routing.services import TaskSubmission, task_submit
 from tests.conftest import ROOT

@@ -17,8 +17,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
 from accounts.tokens import token_hash, token_key_new
+from audit.grants import token_create, token_revoke
 from audit.models import AuditEvent
-from audit.roles import token_create, token_revoke
 from audit.services import Actor
 
 pytestmark = pytest.mark.django_db

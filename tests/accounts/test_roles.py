@@ -13,8 +13,8 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
+from audit.grants import token_create
 from audit.models import AuditEvent, LegalHold
-from audit.roles import token_create
 from routing.models import SavedView, Task, Worker
 from routing.services import TaskSubmission, task_submit
 
@@ -270,7 +270,7 @@ def test_a_token_cannot_carry_a_role_its_user_lacks_and_a_revoked_token_is_refus
 
 
 def test_a_token_loses_its_power_when_its_user_loses_the_role(make_user):
-    from audit.roles import user_set_roles
+    from audit.grants import user_set_roles
 
     ann = make_user("ann", "operator")
     token = token_create(user=ann, role="operator")

@@ -336,7 +336,7 @@ def test_a_purged_tasks_bundle_carries_the_signed_purge_for_its_deleted_chain(
     from django.utils import timezone
 
     from audit.services import Actor
-    from routing.retention import task_purge
+    from governance.retention import task_purge
 
     checkpoint_create()
     task_purge(task=finished_run.task, actor=Actor.service("retention"), now=timezone.now())

@@ -14,9 +14,9 @@ from audit.checkpoints import checkpoint_create
 from audit.models import GLOBAL_CHAIN, AuditEvent, ChainPurge, LegalHold, PendingSeal
 from audit.services import Actor, legal_hold_place, legal_hold_release
 from audit.verify import verify
-from routing import review
+from governance.retention import PURGED, retention_purge
+from review.annotations import services as review
 from routing.models import Annotation, Attempt, Decision, Run, RunStatus, Step, Task, Worker
-from routing.retention import PURGED, retention_purge
 from tests.audit.support import audit_verify, run_now, submit
 from tests.openai_server import Reply, plan_json
 

@@ -7,7 +7,7 @@ import pytest
 from accounts.models import Role
 from audit.checkpoints import checkpoint_create
 from audit.verify import verify
-from routing import review
+from review.annotations import services as review
 from tests.audit.support import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)

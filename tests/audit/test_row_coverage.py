@@ -12,13 +12,13 @@ from rest_framework.test import APIClient
 from accounts.models import Role
 from accounts.tokens import token_hash, token_key_new
 from audit.checkpoints import checkpoint_create
-from audit.roles import token_create, token_revoke
+from audit.grants import token_create, token_revoke
 from audit.services import Actor
 from audit.verify import Report, verify
-from routing import review
+from operations.saved_views.services import view_save
+from review.annotations import services as review
+from review.playground.services import Variation, playground_run
 from routing.models import RunStatus, Step
-from routing.playground import Variation, playground_run
-from routing.saved_views import view_save
 from tests.audit.support import run_now, sql
 from tests.openai_server import Reply
 

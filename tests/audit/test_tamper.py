@@ -540,7 +540,7 @@ def test_after_a_purge_the_rows_it_kept_are_bound_to_its_event(finished_run, aud
     """A purge keeps who was called, at what vendor, for what cost; its event records them, so they
     cannot be changed afterwards, although the run chains that bound them are gone."""
     from audit.services import Actor
-    from routing.retention import task_purge
+    from governance.retention import task_purge
 
     checkpoint_create()
     task = finished_run.task
@@ -572,7 +572,7 @@ def test_a_role_granted_by_sql_is_named(audit_files, make_user):
     # A grant through the app is recorded, and verifies.
     sql("DELETE FROM auth_user_groups WHERE user_id = %s AND group_id = %s", [bob.pk, admin.pk])
     sql("UPDATE auth_user SET is_superuser = false WHERE username = 'ann'")
-    from audit.roles import user_set_roles
+    from audit.grants import user_set_roles
 
     user_set_roles(user=bob, roles=[Role.ADMIN])
     assert verify(use_checkpoint=False).intact, verify(use_checkpoint=False).problems
@@ -611,7 +611,7 @@ def test_a_checkpoint_row_edited_with_its_signature_kept_fails_both_verifiers(fi
 def test_the_exposure_map_is_bound_to_the_steps_that_reached_each_vendor(
     finished_run, audit_files, statement, what
 ):
-    from routing.rollups import fold
+    from routing.folds import fold
 
     fold()
     assert verify(use_checkpoint=False).intact, verify(use_checkpoint=False).problems

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from accounts.models import Role
-from routing import live
+from routing import live_events
 from routing.models import Run, RunStatus, Step, StepStatus, Task
 from routing.services import TaskSubmission, task_submit
 from tests.browser.conftest import SCREENSHOTS
@@ -203,8 +203,8 @@ def test_an_idle_live_page_keeps_its_websocket(asgi_page: Page, asgi_log_in, dap
     # And it still delivers: an event published now reaches the page (sent by the process's
     # publisher thread, as a worker's are).
     event = {"run": task.runs.get().pk, "seq": 99, "action": "test.ping"}
-    live.publish(task_id=task.pk, event=event)
-    assert live.flush()
+    live_events.publish(task_id=task.pk, event=event)
+    assert live_events.flush()
     wait_for(
         lambda: page.evaluate("window.__conductorGraph.latencies.length") > 0, timeout=10, what="the event"
     )

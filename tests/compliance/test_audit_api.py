@@ -14,8 +14,8 @@ from django.test import Client
 from accounts.models import Role
 from audit import signing
 from audit.checkpoints import checkpoint_create
+from audit.grants import token_create
 from audit.models import AuditEvent, PolicyRule
-from audit.roles import token_create
 from tests.audit.test_bundle import standalone, write
 
 pytestmark = pytest.mark.django_db(transaction=True)

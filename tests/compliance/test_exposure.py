@@ -177,7 +177,7 @@ def pdf_objects(data: bytes) -> bytes:
 def _user(name: str, role: str):
     from django.contrib.auth import get_user_model
 
-    from audit.roles import user_set_roles
+    from audit.grants import user_set_roles
 
     user = get_user_model().objects.create_user(username=name, password="x" * 12)
     user_set_roles(user=user, roles=[role])

@@ -14,7 +14,7 @@ from django.test import Client
 from accounts.models import Role
 from audit import note, signing
 from audit.checkpoints import checkpoint_create
-from audit.roles import token_create
+from audit.grants import token_create
 from tests.audit.test_bundle import standalone, write
 
 pytestmark = pytest.mark.django_db(transaction=True)

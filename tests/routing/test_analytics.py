@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 
 from accounts.models import Role
-from routing import analytics, engine, replay
+from operations.analytics import figures
+from routing import engine, replay
 from routing.models import Run, Step, Task
 from routing.services import TaskSubmission, task_submit
 
@@ -32,17 +33,17 @@ def replay_runs(replay_pool):
 
 
 def test_cost_routing_and_accuracy_add_up_to_the_runs(replay_runs):
-    f = analytics.default_filters()
-    by_worker = analytics.cost_over_time(f, by="worker")
+    f = figures.default_filters()
+    by_worker = figures.cost_over_time(f, by="worker")
     assert sum(r["cost_usd"] for r in by_worker) == sum(s.cost_usd for s in Step.objects.all())
     assert sum(r["steps"] for r in by_worker) == Step.objects.count() == 3 + 2 * 3
 
-    shares = analytics.routing_distribution(f)
+    shares = figures.routing_distribution(f)
     gsm = [r for r in shares if r["domain"] == "gsm8k"]
     assert gsm == [{"domain": "gsm8k", "worker": "gpt-4o-mini-2024-07-18", "steps": 3, "share": 1.0}]
     assert sum(r["share"] for r in shares if r["domain"] == "math-l5") == pytest.approx(1.0)
 
-    conductors = analytics.accuracy_vs_cost(f, by="conductor")
+    conductors = figures.accuracy_vs_cost(f, by="conductor")
     runs = list(Run.objects.all())
     assert conductors[0]["name"] == "static-v1" and conductors[0]["runs"] == 5
     assert conductors[0]["accuracy"] == pytest.approx(sum(r.score for r in runs) / 5)
@@ -52,8 +53,8 @@ def test_cost_routing_and_accuracy_add_up_to_the_runs(replay_runs):
         task=runs[0].task, conductor_version=runs[0].conductor_version, kind="rollout"
     )
     engine.execute_run(rollout.pk)
-    assert analytics.accuracy_vs_cost(f, by="conductor") == conductors
-    finals = {p["name"]: p for p in analytics.accuracy_vs_cost(f, by="worker")}
+    assert figures.accuracy_vs_cost(f, by="conductor") == conductors
+    finals = {p["name"]: p for p in figures.accuracy_vs_cost(f, by="worker")}
     assert set(finals) == {"gpt-4o-mini-2024-07-18", "gpt-4o-2024-08-06"}
     assert finals["gpt-4o-mini-2024-07-18"]["pareto"]  # the cheapest point is never dominated
 
@@ -64,7 +65,7 @@ def test_pareto_marks_only_undominated_points():
         {"name": "dear-worse", "accuracy": 0.7, "usd_per_1000": Decimal(5)},
         {"name": "dear-best", "accuracy": 0.9, "usd_per_1000": Decimal(5)},
     ]
-    analytics.mark_pareto(points)
+    figures.mark_pareto(points)
     assert [p["name"] for p in points if p["pareto"]] == ["cheap-good", "dear-best"]
 
 

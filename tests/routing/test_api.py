@@ -10,8 +10,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Role
+from audit.grants import token_create, user_set_roles
 from audit.models import AuditEvent
-from audit.roles import token_create, user_set_roles
 from routing import engine
 from routing.models import Run, RunStatus, Task, Worker
 from routing.services import TaskSubmission, task_submit

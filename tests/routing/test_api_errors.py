@@ -21,7 +21,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from accounts.models import Role
-from audit.roles import token_create
+from audit.grants import token_create
 from routing.services import TaskSubmission, task_submit
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Runs side by side (routing.compare): a live run beside its shadow run and runs of one recorded item,
+"""Runs side by side (operations.compare.side_by_side): a live run beside its shadow run and runs of one recorded item,
 made by the real engine against the loopback OpenAI server; the page, its API and who may open them."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import pytest
 from django.test import Client
 
 from accounts.models import Role
+from audit.grants import token_create
 from audit.models import AuditEvent
-from audit.roles import token_create
 from audit.services import Actor
-from routing import compare, engine
-from routing.compare import RunChoiceError, compare_runs, run_ids, runs_for_compare
+from operations.compare import side_by_side
+from operations.compare.side_by_side import RunChoiceError, compare_runs, run_ids, runs_for_compare
+from routing import engine
 from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import TaskSubmission, conductor_activate, task_submit
 from tests.openai_server import Reply, plan_json
@@ -75,7 +76,7 @@ def live_and_shadow(server) -> tuple[Run, Run]:
     return live, shadow
 
 
-def rows(comparison, section: str) -> dict[str, compare.Row]:
+def rows(comparison, section: str) -> dict[str, side_by_side.Row]:
     found = next(s for s in comparison.sections if s.key == section)
     return {row.field: row for row in found.rows}
 
@@ -98,7 +99,7 @@ def test_a_live_run_and_its_shadow_are_aligned_step_by_step_with_their_differenc
     # Money stays Decimal: alpha 100 * $1/M + 20 * $2/M; gamma 200 * $3/M + 3 * $15/M; plans apart.
     assert run["cost_usd"].values == (live.cost_usd, shadow.cost_usd)
     assert all(isinstance(v, Decimal) for v in run["cost_usd"].values) and run["cost_usd"].differs
-    assert run["input_tokens"].differs and run["queued_s"].kind == compare.SECONDS
+    assert run["input_tokens"].differs and run["queued_s"].kind == side_by_side.SECONDS
     plan = rows(comparison, "plan")
     assert plan["thought"].values == ("check", "one is enough") and plan["steps"].values == (2, 1)
     first = rows(comparison, "step-0")

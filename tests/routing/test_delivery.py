@@ -25,8 +25,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import Role
+from audit.grants import token_create
 from audit.models import AuditEvent
-from audit.roles import token_create
 from audit.verify import verify
 from conductor_web import embedded
 from conductor_web.celery import worker_command

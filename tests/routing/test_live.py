@@ -23,7 +23,7 @@ from accounts.models import Role
 from audit.chain import run_chain
 from audit.models import AuditEvent, ChainHead
 from conductor_web.asgi import application
-from routing import engine, live
+from routing import engine, live_events
 from routing.models import Run, Step, Task
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
@@ -247,7 +247,9 @@ def test_publish_on_commit_sends_nothing_before_commit_nor_when_the_transaction_
 
     def publish(seq: int, *, rollback: bool) -> None:
         with transaction.atomic():
-            live.publish_on_commit(task_id=task_id, events=[{"run": 1, "seq": seq, "action": "test.event"}])
+            live_events.publish_on_commit(
+                task_id=task_id, events=[{"run": 1, "seq": seq, "action": "test.event"}]
+            )
             # Still inside the transaction: nothing may have been sent yet.
             assert async_to_sync(ws.receive_nothing)(timeout=0.5), "sent before the commit"
             if rollback:
@@ -293,7 +295,7 @@ def _calls(*commands: str) -> int:
 
 def _listening(timeout_s: float = 10.0) -> set[str]:
     """This process's publisher follows the watchers: its groups, once it does."""
-    publisher = live._publisher()
+    publisher = live_events._publisher()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with publisher.wake:
@@ -306,13 +308,13 @@ def _listening(timeout_s: float = 10.0) -> set[str]:
 def _watch(group: str, channel: str) -> None:
     from channels.layers import get_channel_layer
 
-    async_to_sync(live.watch)(get_channel_layer(), group, channel)
+    async_to_sync(live_events.watch)(get_channel_layer(), group, channel)
 
 
 def _unwatch(group: str, channel: str) -> None:
     from channels.layers import get_channel_layer
 
-    async_to_sync(live.unwatch)(get_channel_layer(), group, channel)
+    async_to_sync(live_events.unwatch)(get_channel_layer(), group, channel)
 
 
 def _received(channel: str, timeout_s: float = 5.0) -> dict:
@@ -329,11 +331,13 @@ def test_events_of_a_task_nobody_watches_cost_no_redis_command_and_a_watched_tas
 
     unwatched, watched = uuid.uuid4(), uuid.uuid4()
     layer = get_channel_layer()
-    live.publish(task_id=unwatched, event={"run": 1, "seq": 0, "action": "test.start"})  # the publisher runs
-    assert live.flush()
+    live_events.publish(
+        task_id=unwatched, event={"run": 1, "seq": 0, "action": "test.start"}
+    )  # the publisher runs
+    assert live_events.flush()
     _listening()
     channel = async_to_sync(layer.new_channel)()
-    _watch(live.task_group(watched), channel)
+    _watch(live_events.task_group(watched), channel)
     try:
         admin = _redis()
         own = {"cmdstat_info", "cmdstat_hello", "cmdstat_client"}  # this client's own connection and asking
@@ -343,20 +347,20 @@ def test_events_of_a_task_nobody_watches_cost_no_redis_command_and_a_watched_tas
 
         before = commands()
         for seq in range(1, 6):
-            live.publish(task_id=unwatched, event={"run": 1, "seq": seq, "action": "test.unwatched"})
-        assert live.flush()
+            live_events.publish(task_id=unwatched, event={"run": 1, "seq": seq, "action": "test.unwatched"})
+        assert live_events.flush()
         # Not a command for them: no group listed (ZRANGE), no membership asked (ZCARD), nothing sent.
         assert commands() == before
 
         reads = _calls("zrange")
-        live.publish(task_id=unwatched, event={"run": 1, "seq": 6, "action": "test.unwatched"})
-        live.publish(task_id=watched, event={"run": 2, "seq": 1, "action": "test.watched"})
-        assert live.flush()
+        live_events.publish(task_id=unwatched, event={"run": 1, "seq": 6, "action": "test.unwatched"})
+        live_events.publish(task_id=watched, event={"run": 2, "seq": 1, "action": "test.watched"})
+        assert live_events.flush()
         assert _calls("zrange") == reads + 1  # the watched task's event alone went through group_send
         received = _received(channel)
         assert received["event"]["action"] == "test.watched" and received["event"]["seq"] == 1
     finally:
-        _unwatch(live.task_group(watched), channel)
+        _unwatch(live_events.task_group(watched), channel)
 
 
 def test_a_task_is_followed_while_it_has_a_watcher_and_no_longer_once_its_last_one_left():
@@ -364,28 +368,28 @@ def test_a_task_is_followed_while_it_has_a_watcher_and_no_longer_once_its_last_o
 
     layer = get_channel_layer()
     task_id = uuid.uuid4()
-    group = live.task_group(task_id)
-    live.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
-    assert live.flush()
+    group = live_events.task_group(task_id)
+    live_events.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live_events.flush()
     assert group not in _listening()
     first, second = async_to_sync(layer.new_channel)(), async_to_sync(layer.new_channel)()
     _watch(group, first)
     _watch(group, second)
     try:
-        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.both"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.both"})
+        assert live_events.flush()
         assert _received(first)["event"]["seq"] == 1 and _received(second)["event"]["seq"] == 1
 
         _unwatch(group, first)  # the other still watches
-        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.one"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.one"})
+        assert live_events.flush()
         assert _received(second)["event"]["seq"] == 2
         assert group in _listening()
     finally:
         _unwatch(group, second)
     reads = _calls("zrange")
-    live.publish(task_id=task_id, event={"run": 1, "seq": 3, "action": "test.none"})
-    assert live.flush()
+    live_events.publish(task_id=task_id, event={"run": 1, "seq": 3, "action": "test.none"})
+    assert live_events.flush()
     assert _calls("zrange") == reads  # nobody left: not sent
     assert group not in _listening()
 
@@ -398,20 +402,20 @@ def test_a_watcher_who_joined_while_the_publisher_did_not_listen_gets_the_events
 
     layer = get_channel_layer()
     task_id = uuid.uuid4()
-    group = live.task_group(task_id)
-    live.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
-    assert live.flush()
+    group = live_events.task_group(task_id)
+    live_events.publish(task_id=task_id, event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live_events.flush()
     _listening()
     channel = async_to_sync(layer.new_channel)()
     _redis().client_kill_filter(_type="pubsub")  # every subscription's connection closed by the server
     async_to_sync(layer.group_add)(group, channel)  # joined, unannounced while nobody listens
     try:
-        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.during"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.during"})
+        assert live_events.flush()
         assert _received(channel)["event"]["seq"] == 1
         assert group in _listening()  # listened again: the group listed with the others
-        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
+        assert live_events.flush()
         assert _received(channel)["event"]["seq"] == 2
     finally:
         _unwatch(group, channel)
@@ -422,18 +426,18 @@ def test_a_reconnected_subscription_is_listed_again_and_its_old_connection_reuse
     publisher lists the groups again, on a new subscription, and closes the old one, whose connection
     goes back to the client's pool. When that connection is reused for a plain command and connects
     again, that is not the watch channel's reconnection: the publisher keeps listening."""
-    live.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.start"})
-    assert live.flush()
+    live_events.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.start"})
+    assert live_events.flush()
     _listening()
-    publisher = live._publisher()
+    publisher = live_events._publisher()
     watchers = publisher.watchers
     assert watchers is not None
     with publisher.wake:
         first = watchers.subscriptions[0]
         first.connection.disconnect()  # dropped: the next read reconnects it
         assert watchers.known() is None  # reconnected while reading: not known until listed again
-    live.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.wake"})
-    assert live.flush()
+    live_events.publish(task_id=uuid.uuid4(), event={"run": 1, "seq": 0, "action": "test.wake"})
+    assert live_events.flush()
     _listening()
     with publisher.wake:
         assert first not in watchers.subscriptions
@@ -450,15 +454,15 @@ def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_whil
     layer = get_channel_layer()
     task_id = uuid.uuid4()
     channel = async_to_sync(layer.new_channel)()
-    _watch(live.task_group(task_id), channel)
+    _watch(live_events.task_group(task_id), channel)
     try:
-        live.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.before"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 1, "action": "test.before"})
+        assert live_events.flush()
         assert _received(channel)["event"]["seq"] == 1
         # Every client connection but this one is closed by the server, the publisher's included.
         _redis().client_kill_filter(_type="normal", skipme=True)
-        live.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 2, "action": "test.after"})
+        assert live_events.flush()
 
         async def seqs_received() -> list[int]:
             got: list[int] = []
@@ -468,4 +472,4 @@ def test_a_watched_tasks_event_is_sent_after_the_publishers_connection_died_whil
 
         assert 2 in async_to_sync(seqs_received)()
     finally:
-        _unwatch(live.task_group(task_id), channel)
+        _unwatch(live_events.task_group(task_id), channel)

@@ -21,7 +21,7 @@ from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
 from accounts.models import Role
-from routing import live
+from routing import live_events
 from tests.routing.test_live import communicator, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,8 +46,8 @@ def test_an_idle_websocket_stays_connected_and_still_receives_events(make_user):
     task_id = uuid.uuid4()  # the group is all that matters here
 
     def publish() -> None:
-        live.publish(task_id=task_id, event={"run": 1, "seq": 7, "action": "test.after_idle"})
-        assert live.flush()
+        live_events.publish(task_id=task_id, event={"run": 1, "seq": 7, "action": "test.after_idle"})
+        assert live_events.flush()
 
     async def scenario():
         ws = communicator(task_id, headers)

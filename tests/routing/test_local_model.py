@@ -19,9 +19,10 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from audit.verify import verify
 from conductor_web import local_model as server
-from routing import ops, replay
+from operations.overview import figures
+from routing import replay
 from routing.conductors.llm import OPENAI
-from routing.local_model import VENDOR, WORKER_SLUG, conductor_config, worker_fields
+from routing.local_pool import VENDOR, WORKER_SLUG, conductor_config, worker_fields
 from routing.models import Attempt, ConductorVersion, Decision, Run, RunStatus, Step, StopReason, Task
 from routing.services import conductor_activate, task_retry, worker_upsert
 from tests.conftest import wait_for
@@ -34,7 +35,7 @@ FRANCE = "What is the capital of France?"
 
 def assert_no_vendor_errors() -> None:
     """The live overview counts no failed call against any worker, and raises no alert."""
-    data = ops.overview(minutes=60)
+    data = figures.overview(minutes=60)
     assert [(w["worker"], w["errors"]) for w in data["workers"] if w["errors"]] == []
     assert data["alerts"] == []
 
@@ -98,7 +99,7 @@ def test_free_text_before_the_local_model_is_up_fails_clearly_then_a_retry_answe
     assert not Attempt.objects.filter(step__run=first).exists()  # no vendor was asked anything
     assert_no_vendor_errors()
 
-    from routing.local_model import local_model_register
+    from routing.local_pool import local_model_register
 
     local_model_register(api_base=local_model_server, actor=Actor.service("tests"))
     retry = task_retry(task_id=first.task_id, user=make_user("olga", "operator"))

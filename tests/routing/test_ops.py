@@ -12,7 +12,8 @@ from decimal import Decimal
 import pytest
 
 from accounts.models import Role
-from routing import engine, ops, presence, rollups
+from operations.overview import figures
+from routing import engine, folds, presence
 from routing.models import Attempt, OpsRollup, Run, StopReason, Task
 from routing.services import TaskSubmission, task_submit
 from tests.conftest import clear_queues, wait_for
@@ -40,7 +41,7 @@ def test_the_overview_counts_calls_errors_latency_and_alerts_on_error_rate(live_
         )
     task_submit(submission=TaskSubmission(text="waiting"), source=Task.Source.API)  # queued, never run
 
-    data = ops.overview(minutes=5)
+    data = figures.overview(minutes=5)
 
     assert data["live"]["queued"] == 1 and data["live"]["running"] == 0
     alpha = next(w for w in data["workers"] if w["worker"] == "alpha")
@@ -72,11 +73,11 @@ def test_a_worker_row_is_marked_only_when_it_crosses_the_alert_threshold(live_po
     settings.OPS_ERROR_RATE_ALERT = 0.6  # alpha will fail 50% of its calls: under this threshold
     run_task(live_pool["server"], [Reply(status=500), Reply("ok")])
 
-    alpha = next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")
+    alpha = next(w for w in figures.overview(minutes=5)["workers"] if w["worker"] == "alpha")
 
     assert alpha["error_rate"] == pytest.approx(0.5) and not alpha["alerting"]
     settings.OPS_ERROR_RATE_ALERT = 0.5
-    assert next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")["alerting"]
+    assert next(w for w in figures.overview(minutes=5)["workers"] if w["worker"] == "alpha")["alerting"]
 
 
 def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_per_bucket(live_pool):
@@ -87,9 +88,9 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
         )
     rollout = run_task(server, [Reply("ok")], text="sampled").runs.get()
     Run.objects.filter(pk=rollout.pk).update(kind=Run.Kind.ROLLOUT)
-    rollups.rebuild()  # a row changed behind the engine's back: the rollups are recounted
+    folds.rebuild()  # a row changed behind the engine's back: the rollups are recounted
 
-    h = ops.history("hour")
+    h = figures.history("hour")
 
     assert h["bucket_s"] == 60 and len(h["buckets"]) == 61
     assert sum(h["runs"]["live"]) == 2 and sum(h["runs"]["rollout"]) == 1
@@ -108,7 +109,7 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
     # A day and a week come from the rollups: the same runs, calls, errors and spend; latency
     # percentiles from a histogram, within the bucket that holds the exact one.
     for period, stride in (("day", 1800), ("week", 4 * 3600)):
-        long = ops.history(period)
+        long = figures.history(period)
         assert long["bucket_s"] == stride
         assert sum(long["runs"]["live"]) == 2 and sum(long["runs"]["rollout"]) == 1
         assert sum(long["calls"]) == attempts.count()
@@ -118,13 +119,16 @@ def test_the_history_separates_live_traffic_and_shows_errors_latency_and_spend_p
         assert sum(map(sum, long["spend_usd_per_min"].values())) * per_min == pytest.approx(float(spent))
         exact = sorted(a.latency_ms for a in attempts.filter(status="succeeded", step__worker_slug="alpha"))
         (p95,) = [v for v in long["latency_ms"]["alpha"]["p95"] if v is not None]
-        bucket = bisect.bisect_right(rollups.LATENCY_BOUNDS_MS, exact[-1])  # the slowest call's bucket
-        low, high = rollups.LATENCY_BOUNDS_MS[bucket - 1], rollups.LATENCY_BOUNDS_MS[bucket]
+        bucket = bisect.bisect_right(folds.LATENCY_BOUNDS_MS, exact[-1])  # the slowest call's bucket
+        low, high = folds.LATENCY_BOUNDS_MS[bucket - 1], folds.LATENCY_BOUNDS_MS[bucket]
         assert low <= p95 <= high, (exact, p95)
     # A week reads its 4-hour slots, not 48 half hours a day: both are kept, each adding up alone.
     assert sorted(OpsRollup.objects.values_list("span_min", flat=True).distinct()) == [30, 240]
     OpsRollup.objects.filter(span_min=30).delete()
-    assert sum(ops.history("week")["calls"]) == attempts.count() and sum(ops.history("day")["calls"]) == 0
+    assert (
+        sum(figures.history("week")["calls"]) == attempts.count()
+        and sum(figures.history("day")["calls"]) == 0
+    )
 
 
 def test_the_queues_count_what_waits_and_the_overview_says_no_worker_is_alive(live_pool, make_user):
@@ -132,11 +136,11 @@ def test_the_queues_count_what_waits_and_the_overview_says_no_worker_is_alive(li
     from django.test import Client
 
     clear_queues()
-    cache.delete("ops.workers_alive")
+    cache.delete("figures.workers_alive")
     for text in ("first", "second"):
         task_submit(submission=TaskSubmission(text=text), source=Task.Source.API)  # sent, never taken
 
-    waiting = {q["queue"]: q["waiting"] for q in ops.queue_depths()}
+    waiting = {q["queue"]: q["waiting"] for q in figures.queue_depths()}
     assert waiting["runs"] == 2
     assert waiting["resume"] == 0  # emptied (Redis drops the list): nothing waits, not "unknown"
     client = Client()
@@ -166,7 +170,7 @@ def test_from_a_workers_error_rate_to_its_failing_calls_and_their_error_text(cli
         )
         return html_lib.unescape(href)
 
-    alpha = next(w for w in ops.overview(minutes=5)["workers"] if w["worker"] == "alpha")
+    alpha = next(w for w in figures.overview(minutes=5)["workers"] if w["worker"] == "alpha")
     assert {e["kind"] for e in alpha["errors_by_kind"]} == {"Provider error (5xx)", "Rate limited (429)"}
     alpha = {"failed_url": link("failed")}
     kinds = {
@@ -210,7 +214,7 @@ def test_failed_runs_by_reason_lead_to_their_tasks(client, make_user, live_pool)
         "",
     }
 
-    stops = {row["reason"]: row for row in ops.overview(minutes=15)["stops"]}
+    stops = {row["reason"]: row for row in figures.overview(minutes=15)["stops"]}
     assert {reason: row["n"] for reason, row in stops.items()} == {"invalid_plan": 1, "policy_blocked": 1}
     assert stops["policy_blocked"]["label"] == "Blocked by a data policy"
 
@@ -237,7 +241,7 @@ def test_the_live_tiles_count_live_traffic_and_show_training_apart(client, make_
         rollout = Run.objects.create(task=task, conductor_version=live_run.conductor_version, kind="rollout")
         engine.execute_run(rollout.pk)
 
-    data = ops.overview(minutes=5)
+    data = figures.overview(minutes=5)
 
     assert data["live"]["succeeded"] == 1 and data["throughput_per_min"] == pytest.approx(1 / 5)
     assert data["spend_usd"] == Decimal("0.001")  # the live call's 1000 tokens at $1.00 per 1M
@@ -246,7 +250,7 @@ def test_the_live_tiles_count_live_traffic_and_show_training_apart(client, make_
     assert (other["rollout"]["runs"], other["rollout"]["spend_usd"]) == (2, Decimal("0.006"))
     assert (other["shadow"]["runs"], other["evaluation"]["runs"]) == (0, 0)
     assert sum(row["other_spend_usd"] for row in data["timeline"]) == Decimal("0.006")
-    spend = ops.history("hour")["spend_usd_per_min"]
+    spend = figures.history("hour")["spend_usd_per_min"]
     assert sum(spend["live"]) == pytest.approx(0.001) and sum(spend["rollout"]) == pytest.approx(0.006)
 
     client.force_login(make_user("olga", Role.OPERATOR))
@@ -271,11 +275,11 @@ def test_the_overview_pings_only_the_celery_workers_present_and_stops_when_they_
         return ping(*args, **kwargs)
 
     monkeypatch.setattr(current_app.control, "ping", recorded_ping)
-    cache.delete("ops.workers_alive")
-    assert ops.workers_alive() == [] and pings == []  # no worker holds its presence: nobody to ask
+    cache.delete("figures.workers_alive")
+    assert figures.workers_alive() == [] and pings == []  # no worker holds its presence: nobody to ask
 
     worker = celery_workers("w1")
     wait_for(lambda: presence.present(), what="the worker's presence lock")
-    cache.delete("ops.workers_alive")
-    assert ops.workers_alive() == [f"{worker.name}@{socket.gethostname()}"]
+    cache.delete("figures.workers_alive")
+    assert figures.workers_alive() == [f"{worker.name}@{socket.gethostname()}"]
     assert pings == [{"timeout": 0.5, "limit": 1}]

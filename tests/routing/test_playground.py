@@ -15,8 +15,8 @@ from django.utils import timezone
 from accounts.models import Role
 from audit.models import AuditEvent, PolicyRule
 from audit.services import Actor
+from governance.retention import PURGED, task_purge
 from routing.models import ConductorVersion, Run, RunStatus, Step, Task
-from routing.retention import PURGED, task_purge
 from tests.audit.support import run_now, submit
 from tests.openai_server import Reply, plan_json
 

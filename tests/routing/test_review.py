@@ -11,10 +11,10 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import Role
+from audit.grants import token_create
 from audit.models import AuditEvent
-from audit.roles import token_create
 from audit.services import Actor
-from routing import review
+from review.annotations import services as review
 from routing.models import Annotation, Run, RunStatus, Step
 from routing.services import conductor_active
 from tests.audit.support import run_now, submit

@@ -7,8 +7,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import Role
+from audit.grants import token_create
 from audit.models import AuditEvent
-from audit.roles import token_create
 from routing.models import Annotation, Step
 from tests.routing.test_review import session, two_runs  # noqa: F401 (a fixture)
 

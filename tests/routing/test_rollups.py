@@ -15,7 +15,7 @@ from django.utils import timezone as dj_timezone
 from audit.actions import Action
 from audit.models import AuditEvent
 from compliance import dossiers
-from routing import engine, replay, rollups
+from routing import engine, folds, replay
 from routing.models import (
     Grain,
     PendingRollup,
@@ -105,11 +105,11 @@ def history(judge_worker):  # noqa: F811 - the fixture imported above
 
 
 def test_rollups_kept_as_runs_finish_equal_a_recount_and_the_rows(history):
-    rollups.fold()  # whatever this process folded already as the runs ended
+    folds.fold()  # whatever this process folded already as the runs ended
     assert not PendingRollup.objects.exists()
     kept = _snapshot()
     assert kept["UsageRollup"] and kept["RunRollup"] and kept["TaskExposure"]
-    counts = rollups.rebuild()
+    counts = folds.rebuild()
     assert _snapshot() == kept
     assert counts["RunRollup"] == RunRollup.objects.count()
 
@@ -151,18 +151,16 @@ def test_a_window_reads_whole_days_from_daily_rows_and_its_ends_from_hourly_ones
         (None, now + timedelta(days=2)),
         (now - timedelta(days=9), None),
     ):
-        rows = rollups.window(UsageRollup.objects.all(), since, until)
-        hourly = rollups.window(UsageRollup.objects.all(), since, until, days=False)
+        rows = folds.window(UsageRollup.objects.all(), since, until)
+        hourly = folds.window(UsageRollup.objects.all(), since, until, days=False)
         assert rows.aggregate(n=Sum("calls"))["n"] == hourly.aggregate(n=Sum("calls"))["n"] > 0, (
             since,
             until,
         )
-    long = rollups.window(
-        UsageRollup.objects.all(), now - timedelta(days=3, hours=5), now + timedelta(days=1)
-    )
+    long = folds.window(UsageRollup.objects.all(), now - timedelta(days=3, hours=5), now + timedelta(days=1))
     assert long.filter(grain=Grain.DAY).exists()
     # A window that ended before it all: nothing, by either grain.
-    assert not rollups.window(UsageRollup.objects.all(), None, now - timedelta(days=1)).exists()
+    assert not folds.window(UsageRollup.objects.all(), None, now - timedelta(days=1)).exists()
 
 
 def test_a_task_sent_twice_to_a_vendor_counts_once_and_a_run_in_flight_counts_from_its_rows(history):
@@ -215,13 +213,11 @@ def test_windows_are_whole_utc_hours():
     india = timezone(timedelta(hours=5, minutes=30))
     since = datetime(2026, 5, 1, 10, 10, tzinfo=india)  # 04:40 UTC
     until = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-    assert (rollups.hour_floor(since), rollups.hour_ceil(until)) == (
+    assert (folds.hour_floor(since), folds.hour_ceil(until)) == (
         datetime(2026, 5, 1, 4, tzinfo=UTC),
         until,
     )
-    assert rollups.hour_ceil(datetime(2026, 5, 1, 12, 0, 1, tzinfo=UTC)) == datetime(
-        2026, 5, 1, 13, tzinfo=UTC
-    )
+    assert folds.hour_ceil(datetime(2026, 5, 1, 12, 0, 1, tzinfo=UTC)) == datetime(2026, 5, 1, 13, tzinfo=UTC)
 
 
 def _run_one(text: str) -> Run:
@@ -263,7 +259,7 @@ def test_a_run_s_end_leaves_the_rollups_to_a_fold_and_a_page_folds_before_it_rea
     assert not PendingRollup.objects.exists()
     assert _runs_counted() == 1
     kept = _snapshot()
-    rollups.rebuild()
+    folds.rebuild()
     assert _snapshot() == kept  # folded equals recounted
 
 
@@ -288,7 +284,7 @@ def test_a_page_waits_for_a_fold_in_progress_and_shows_its_runs(replay_pool, no_
 
         try:
             with transaction.atomic():
-                seen["folded"] = rollups.fold()
+                seen["folded"] = folds.fold()
                 folding.set()
                 finish.wait(30)
         finally:
@@ -333,7 +329,7 @@ def test_a_fold_that_fails_after_a_run_leaves_the_run_done_and_waiting_for_the_n
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE routing_runrollup_away RENAME TO routing_runrollup")
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
-    assert rollups.fold() == 1 and _runs_counted() == 1
+    assert folds.fold() == 1 and _runs_counted() == 1
 
 
 def test_a_page_whose_fold_fails_shows_the_rollups_as_they_are_and_the_runs_keep_waiting(
@@ -371,7 +367,7 @@ def test_a_run_that_ends_either_way_waits_for_the_fold_once_and_is_folded(
     assert run.status == outcome
     assert list(PendingRollup.objects.values_list("run_id", flat=True)) == [run.pk]
 
-    rollups.fold()
+    folds.fold()
     assert not PendingRollup.objects.exists()
     for grain in (Grain.HOUR, Grain.DAY):  # counted once in each
         folded = RunRollup.objects.filter(grain=grain, status=outcome).aggregate(runs=Sum("runs"))["runs"]

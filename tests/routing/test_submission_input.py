@@ -17,7 +17,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import Role
-from audit.roles import token_create
+from audit.grants import token_create
 from routing import limits
 from routing.models import Task
 from routing.services import SubmissionError, TaskSubmission, task_submit

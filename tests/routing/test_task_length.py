@@ -9,7 +9,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import Role
-from audit.roles import token_create
+from audit.grants import token_create
 from routing import engine, limits, replay
 from routing.models import RunStatus, Step, Task
 from routing.static_rules import DEFAULT_STATIC_RULES

@@ -113,7 +113,7 @@ def test_housekeeping_has_a_queue_of_its_own_that_runs_workers_take_first():
     for name in (
         "routing.tasks.requeue_stalled_runs",
         "audit.tasks.checkpoint_create",
-        "routing.tasks.retention_purge",
+        "governance.tasks.retention_purge",
     ):
         assert app.amqp.router.route({}, name)["queue"].name == prefix + "maintenance", name
     assert app.amqp.router.route({}, "routing.tasks.run_workflow")["queue"].name == prefix + "runs"

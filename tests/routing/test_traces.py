@@ -23,11 +23,12 @@ from phoenix.client import Client
 
 from audit.models import PolicyRule
 from audit.policies import CLEARANCE_RULE
-from routing import engine, telemetry, trace_spans
-from routing.log_context import ContextFilter, JsonLines
+from observability import telemetry, trace_spans
+from routing import engine
 from routing.models import Attempt, Decision, Run, RunStatus, Step, Task
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
+from utilities.structured_logs import ContextFilter, JsonLines
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,7 +336,7 @@ def test_runs_that_ended_before_export_was_on_are_sent_by_the_command(
 def test_log_format_json_writes_a_json_line_with_the_bound_runs_ids(tmp_path):
     """The settings' LOGGING as a process started with LOG_FORMAT=json uses it."""
     script = (
-        "import logging, uuid; from types import SimpleNamespace as S; from routing import log_context;"
+        "import logging, uuid; from types import SimpleNamespace as S; from utilities import structured_logs as log_context;"
         "run = S(pk=7, task_id=uuid.UUID(int=1), correlation_id=uuid.UUID(int=2));"
         "ctx = log_context.bound(run); ctx.__enter__();"
         "logging.getLogger('routing.engine').warning('a step was retried')"

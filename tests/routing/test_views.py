@@ -175,7 +175,7 @@ def test_the_task_list_shows_tasks_and_filters_them(client):
 def test_the_older_tasks_link_skips_no_task_created_at_the_same_moment_as_the_last_shown(client):
     from django.utils import timezone
 
-    from routing.pagination import CreatedCursorPagination
+    from operations.tasks.pagination import CreatedCursorPagination
 
     tasks = [submit(f"Task number {i}") for i in range(CreatedCursorPagination.page_size + 3)]
     # Every task at one moment: the page boundary falls between tasks with equal created_at.

@@ -8,7 +8,7 @@ from django.test import Client
 
 from accounts.models import Role
 from routing import engine
-from routing.local_model import worker_fields
+from routing.local_pool import worker_fields
 from routing.models import Task, Worker
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json

@@ -13,8 +13,8 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, Role
+from audit.grants import token_create
 from audit.models import AuditEvent
-from audit.roles import token_create
 from routing import engine
 from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import conductor_active
@@ -413,7 +413,7 @@ def test_a_dataset_from_finished_rollouts(ml, make_user, replay_pool, var_dir):
     url = files["train.jsonl"]["url"]
     assert url == f"http://testserver/api/training/datasets/{dataset.pk}/files/train.jsonl/"
     # a script downloads with a reader's token
-    from audit.roles import token_create
+    from audit.grants import token_create
 
     script = token_client(token_create(user=make_user("ann", Role.AUDITOR), role=Role.AUDITOR))
     download = script.get(url)

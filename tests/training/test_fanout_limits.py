@@ -1,4 +1,4 @@
-"""How many runs one training request may start (training/limits.py): the runs per request, an
+"""How many runs one training request may start (training/quotas.py): the runs per request, an
 evaluation's limit against its split, the user's queued offline runs, and the estimate shown before
 starting. The form, the API and the service refuse alike with the same message, and a refused start
 writes nothing."""
@@ -16,7 +16,7 @@ from audit.models import AuditEvent
 from audit.services import Actor
 from routing.models import ConductorVersion, Run, RunStatus, Task
 from routing.services import conductor_active
-from training import limits, services
+from training import quotas, services
 from training.models import Evaluation, EvaluationRun, Rollout, RolloutBatch
 
 pytestmark = pytest.mark.django_db
@@ -45,7 +45,7 @@ def rows() -> dict[str, int]:
 
 
 def refusal(check, *args) -> str:
-    with pytest.raises(limits.ValidationError) as caught:
+    with pytest.raises(quotas.ValidationError) as caught:
         check(*args)
     return " ".join(caught.value.messages)
 
@@ -69,9 +69,9 @@ def finished_runs(version: ConductorVersion, costs: list[str]) -> None:
 
 def test_rollouts_above_the_runs_per_request_are_refused_by_the_form_the_api_and_the_service(page, api):
     version = conductor_active()
-    assert limits.MAX_RUNS_PER_REQUEST == 2000
+    assert quotas.MAX_RUNS_PER_REQUEST == 2000
     # The whole train split (1,472 items) x K=64 was 94,208 runs from one request.
-    message = refusal(limits.rollout_runs_check, 32, 64)
+    message = refusal(quotas.rollout_runs_check, 32, 64)
     assert message == (
         "This request would start 2,048 runs (32 items x K=64); at most 2,000 runs per request. "
         "Ask for fewer items (or a smaller K)."
@@ -95,13 +95,13 @@ def test_rollouts_above_the_runs_per_request_are_refused_by_the_form_the_api_and
     assert rows() == before
 
     # 31 items x K=64 = 1,984 runs are within the limit.
-    assert limits.rollout_runs_check(31, 64) == 1984
+    assert quotas.rollout_runs_check(31, 64) == 1984
 
 
 def test_an_evaluation_above_the_runs_per_request_is_refused_by_the_form_the_api_and_the_service(
     page, api, candidate
 ):
-    message = refusal(limits.evaluation_runs_check, 3279)
+    message = refusal(quotas.evaluation_runs_check, 3279)
     assert message.startswith("This request would start 6,558 runs (3,279 items x 2 sides); at most 2,000")
     before = rows()
 
@@ -122,7 +122,7 @@ def test_an_evaluation_above_the_runs_per_request_is_refused_by_the_form_the_api
 
 def test_an_evaluation_limit_above_the_split_is_refused_with_the_split_size_not_capped(page, api, candidate):
     size = len(services.replay_item_ids("dev"))
-    assert size == 567 and (size + 1) * 2 <= limits.MAX_RUNS_PER_REQUEST
+    assert size == 567 and (size + 1) * 2 <= quotas.MAX_RUNS_PER_REQUEST
     message = f"The dev split has 567 items; an evaluation limit of {size + 1} is more than that. Ask for at most 567."
     before = rows()
 
@@ -166,7 +166,7 @@ def test_a_start_above_the_users_queued_runs_is_refused_with_the_count_and_the_c
     other = make_user("otto", Role.ML_STAFF)
     services.rollouts_start(version=version, items=items[:2], k=3, temperature=1.0, actor=ACTOR, user=other)
     services.rollouts_start(version=version, items=items, k=3, temperature=1.0, actor=ACTOR)  # 9: no user
-    assert limits.queued_runs(mira) == 4
+    assert quotas.queued_runs(mira) == 4
     assert AuditEvent.objects.filter(action="rollouts.started", object_id=str(batch.pk)).count() == 1
     message = (
         "You have 4 offline runs queued or running; 3 more would take you above the limit of 6 per user "
@@ -200,20 +200,20 @@ def test_a_start_above_the_users_queued_runs_is_refused_with_the_count_and_the_c
         API + "rollouts/", {"version": version.name, "items": items[:1], "k": 2}, format="json"
     )
     assert response.status_code == 201, response.data
-    assert limits.queued_runs(mira) == 6
+    assert quotas.queued_runs(mira) == 6
     Run.objects.filter(rollout__batch=batch).update(status=RunStatus.SUCCEEDED)
-    assert limits.queued_runs(mira) == 2
+    assert quotas.queued_runs(mira) == 2
     response = api.post(API + "evaluations/", {"candidate": candidate.name, "limit": 2}, format="json")
     assert response.status_code == 201, response.data
     assert AuditEvent.objects.filter(action="evaluation.started").count() == 1
-    assert limits.queued_runs(mira) == 6
+    assert quotas.queued_runs(mira) == 6
 
 
 def test_the_queued_runs_cap_is_a_setting_of_2000_by_default():
     from django.conf import settings
 
     assert settings.CONDUCTOR_MAX_QUEUED_RUNS_PER_USER == 2000
-    assert limits.max_queued_runs_per_user() == 2000
+    assert quotas.max_queued_runs_per_user() == 2000
 
 
 # --- the estimate before starting --------------------------------------------------------------------

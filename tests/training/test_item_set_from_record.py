@@ -11,10 +11,10 @@ from django.utils import timezone
 from accounts.models import Role
 from audit.models import AuditEvent
 from audit.services import Actor, legal_hold_place
+from governance.retention import PURGED, task_purge
+from operations.saved_views.services import view_save
+from review.annotations.services import Verdict, annotation_add
 from routing import engine
-from routing.retention import PURGED, task_purge
-from routing.review import Verdict, annotation_add
-from routing.saved_views import view_save
 from routing.services import TaskSubmission, task_submit
 from tests.openai_server import Reply, plan_json
 from training.errors import TrainingError

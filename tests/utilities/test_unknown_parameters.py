@@ -14,7 +14,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import Role
-from audit.roles import token_create
+from audit.grants import token_create
 from utilities.params import AskedQuery
 
 pytestmark = pytest.mark.django_db

@@ -16,9 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from audit.services import Actor
+from operations.saved_views.services import visible_views
 from routing.limits import name_check
 from routing.models import Task
-from routing.saved_views import visible_views
 from utilities import params
 from utilities.pagination import StrictCursorPagination
 

@@ -17,14 +17,14 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 from django.http import QueryDict
 
+from operations.tasks.filters import TaskFilter
 from routing import replay
-from routing.filters import TaskFilter
 from routing.models import Annotation, DataClass, RunStatus, SavedView, Step, StepStatus, Task
 from routing.scoring.scorers import score
 from routing.selectors import task_list
+from training.quotas import MAX_ITEMS
 
 from ..errors import TrainingError
-from ..limits import MAX_ITEMS
 from ..models import Item, ItemSet, ItemSetVersion, ItemSplit
 from .rows import MAX_ROWS
 

@@ -16,8 +16,8 @@ from django.utils import timezone
 from accounts.roles import recorded_user as user_of
 from audit.actions import Action
 from audit.services import Actor, event_record
+from governance.retention import PURGED
 from routing.models import Annotation, Run, RunStatus, Task
-from routing.retention import PURGED
 
 from ..errors import TrainingError
 from ..models import Item, ItemSet, ItemSetVersion, ItemSplit

@@ -16,9 +16,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from accounts.roles import has_role, role_required
 from audit.services import Actor
+from operations.saved_views.services import visible_views
 from routing.errors import ServiceError
 from routing.models import Task
-from routing.saved_views import visible_views
 from utilities import params
 
 from ..models import Item, ItemSet, ItemSetVersion, ItemSplit

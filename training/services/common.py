@@ -10,10 +10,10 @@ from django.db import connection
 from accounts.roles import recorded_user
 from audit.services import Actor
 from routing.models import RUN_ENDED, ConductorVersion
+from training.quotas import MAX_ITEMS as MAX_ITEMS  # re-exported: what the services and forms import
 
-from .. import limits
+from .. import quotas
 from ..errors import TrainingError
-from ..limits import MAX_ITEMS as MAX_ITEMS  # re-exported: what the services and forms import
 
 SERVICE = Actor.service("training")  # who training's own work (jobs, settling) is recorded as
 
@@ -65,7 +65,7 @@ FINISHED_RUN = RUN_ENDED  # the runs a rollout, dataset or evaluation counts as 
 
 
 def check_or_refuse(check: Any, *args: Any) -> Any:
-    """Run a check of routing.limits / training.limits; its refusal becomes a TrainingError."""
+    """Run a check of routing.limits / training.quotas; its refusal becomes a TrainingError."""
     try:
         return check(*args)
     except ValidationError as exc:
@@ -81,7 +81,7 @@ def queued_runs_guard(user: Any, runs: int) -> None:
             cursor.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [QUEUED_RUNS_LOCK_NAMESPACE, str(user.pk)]
             )
-    check_or_refuse(limits.queued_runs_check, user, runs)
+    check_or_refuse(quotas.queued_runs_check, user, runs)
 
 
 def user_of(user: Any) -> Any:

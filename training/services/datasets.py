@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 
 from audit.actions import Action
 from audit.services import Actor, event_record
-from routing import review
+from review.annotations import services as review
 from routing.limits import name_check
 from routing.models import Annotation, ConductorVersion
 

@@ -16,7 +16,7 @@ from audit.services import Actor, event_record
 from routing.models import ConductorVersion, Decision, Run, RunStatus
 from routing.services import conductor_active
 
-from .. import limits
+from .. import quotas
 from ..durations import evaluation_duration_estimate
 from ..itemsets.selectors import REPLAY_SET, Resolved, resolve, split_ids
 from ..models import Evaluation, EvaluationRun, JobStatus
@@ -42,9 +42,9 @@ def _evaluation_checked(
         raise TrainingError(f"{candidate.name} is the baseline itself; choose another candidate")
     if not 1 <= limit <= MAX_ITEMS:
         raise TrainingError(f"evaluate on 1 to {MAX_ITEMS} items")
-    check_or_refuse(limits.evaluation_runs_check, limit)
+    check_or_refuse(quotas.evaluation_runs_check, limit)
     ids = split_ids(item_set, split)
-    check_or_refuse(limits.evaluation_limit_check, split, len(ids), limit)  # refused, never capped
+    check_or_refuse(quotas.evaluation_limit_check, split, len(ids), limit)  # refused, never capped
     return baseline, resolve(item_set, ids[:limit])
 
 
@@ -56,13 +56,13 @@ def evaluation_estimate(
     limit: int = 100,
     user: Any = None,
     item_set: str = REPLAY_SET,
-) -> limits.Estimate:
+) -> quotas.Estimate:
     """What evaluation_start would start (runs, estimated cost and duration), checked as it checks;
     starts nothing."""
     baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
     found = resolved.items
-    check_or_refuse(limits.queued_runs_check, user, len(found) * limits.EVALUATION_SIDES)
-    cost = limits.estimate([(candidate, len(found)), (baseline, len(found))])
+    check_or_refuse(quotas.queued_runs_check, user, len(found) * quotas.EVALUATION_SIDES)
+    cost = quotas.estimate([(candidate, len(found)), (baseline, len(found))])
     return replace(cost, duration=evaluation_duration_estimate(candidate, baseline, len(found)))
 
 
@@ -80,18 +80,18 @@ def evaluation_start(
 ) -> Evaluation:
     """Run the candidate and the baseline (the active version by default) on the same held-out items of
     `item_set`'s split (its latest version, frozen by this). Refused (nothing written) above
-    training.limits' runs per request or the user's queued runs, or when `limit` is more than the
+    training.quotas' runs per request or the user's queued runs, or when `limit` is more than the
     split's items, when the estimate is not the `shown_usd` a preview showed, or above the budget
     `max_usd`."""
     baseline, resolved = _evaluation_checked(candidate, baseline, split, limit, item_set)
     found = resolved.items
     if shown_usd is not None or max_usd is not None:
-        found_estimate = limits.estimate([(candidate, len(found)), (baseline, len(found))])
-        check_or_refuse(limits.estimate_check, found_estimate, shown_usd, max_usd)
+        found_estimate = quotas.estimate([(candidate, len(found)), (baseline, len(found))])
+        check_or_refuse(quotas.estimate_check, found_estimate, shown_usd, max_usd)
     for version in (candidate, baseline):  # a trained adapter is served before a run asks it to plan
         adapter_load(version)
     with transaction.atomic():
-        queued_runs_guard(user, len(found) * limits.EVALUATION_SIDES)
+        queued_runs_guard(user, len(found) * quotas.EVALUATION_SIDES)
         set_version = version_in_use(resolved, actor, why="evaluation")
         evaluation = Evaluation.objects.create(
             candidate=candidate,
@@ -144,7 +144,7 @@ def evaluation_start(
 
 def _p95(values: list[float]) -> float | None:
     """The 95th percentile with linear interpolation: PostgreSQL's percentile_cont, as the ops page
-    computes it (routing.ops.Percentile)."""
+    computes it (operations.overview.figures.Percentile)."""
     if not values:
         return None
     if len(values) == 1:

@@ -18,7 +18,7 @@ from audit.services import Actor, event_record
 from routing.limits import name_check
 from routing.models import ConductorVersion
 
-from .. import limits
+from .. import quotas
 from ..itemsets.selectors import REPLAY_SET, is_replay, latest_version, split_ids
 from ..itemsets.services import version_freeze
 from ..local_base import is_local_base, local_base_available
@@ -55,7 +55,7 @@ LORA_DEFAULTS = {
     # On a GPU: generate with TRL's vLLM server (`trl vllm-serve`) instead of transformers.
     "use_vllm": False,
     "vllm_server_base_url": "",
-    # Train on a dataset none of whose groups carries a learning signal (training.limits refuses it
+    # Train on a dataset none of whose groups carries a learning signal (training.quotas refuses it
     # otherwise); the start's audit event records the choice with the other options.
     "allow_no_signal": False,
 }
@@ -138,7 +138,7 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
         merged["base_model_path"] = str(base)
         _numbers(merged, LORA_LIMITS, *LORA_LIMITS)
         check_or_refuse(
-            limits.lora_runs_check, merged["max_steps"], merged["prompts_per_step"], merged["num_generations"]
+            quotas.lora_runs_check, merged["max_steps"], merged["prompts_per_step"], merged["num_generations"]
         )
         try:
             merged["format_term"] = parse_bool(merged["format_term"])
@@ -146,8 +146,8 @@ def job_options(backend: str, options: dict[str, Any], dataset: Dataset | None) 
             merged["allow_no_signal"] = parse_bool(merged["allow_no_signal"], "allow_no_signal")
         except ValueError as exc:
             raise TrainingError(str(exc)) from exc
-        check_or_refuse(limits.lora_signal_check, dataset, merged["allow_no_signal"])
-        check_or_refuse(limits.lora_prompts_check, dataset, merged["prompts_per_step"])
+        check_or_refuse(quotas.lora_signal_check, dataset, merged["allow_no_signal"])
+        check_or_refuse(quotas.lora_prompts_check, dataset, merged["prompts_per_step"])
         if merged["use_vllm"] and not str(merged["vllm_server_base_url"]).startswith(("http://", "https://")):
             raise TrainingError("use_vllm needs vllm_server_base_url, the address of `trl vllm-serve`")
         return merged

@@ -16,7 +16,7 @@ from routing.engine.planning import screened_workers
 from routing.estimates import call_cost
 from routing.models import ConductorVersion, Run, RunStatus, Task
 
-from .. import limits
+from .. import quotas
 from ..itemsets.selectors import REPLAY_SET, Resolved, classification_of, resolve
 from ..models import JobStatus, Rollout, RolloutBatch
 from .common import (
@@ -43,7 +43,7 @@ def _rollouts_checked(item_set: str, items: list[str], k: int, temperature: floa
         raise TrainingError(f"K must be between 1 and {MAX_K}")
     if not 0 < temperature <= MAX_TEMPERATURE:
         raise TrainingError(f"the temperature must be above 0 and at most {MAX_TEMPERATURE:g}")
-    check_or_refuse(limits.rollout_runs_check, len(dict.fromkeys(items)), k)  # before reading the items
+    check_or_refuse(quotas.rollout_runs_check, len(dict.fromkeys(items)), k)  # before reading the items
     return resolve(item_set, items)
 
 
@@ -66,18 +66,18 @@ def rollouts_estimate(
     user: Any = None,
     item_set: str = REPLAY_SET,
     survey: bool = False,
-) -> limits.Estimate:
+) -> quotas.Estimate:
     """What rollouts_start would start (runs, estimated cost), checked as it checks; starts nothing."""
     temperature = _temperature(version, temperature)
     found = _rollouts_checked(item_set, items, 1 if survey else k, temperature).items
     if survey:
         return _survey_estimate(found, user)
     runs = len(found) * k
-    check_or_refuse(limits.queued_runs_check, user, runs)
-    return limits.estimate([(version, runs)])
+    check_or_refuse(quotas.queued_runs_check, user, runs)
+    return quotas.estimate([(version, runs)])
 
 
-def _survey_estimate(found: list[Any], user: Any) -> limits.Estimate:
+def _survey_estimate(found: list[Any], user: Any) -> quotas.Estimate:
     """A survey's runs and cost: each allowed worker's call on each item's text (routing.estimates)."""
     total, runs = Decimal("0"), 0
     for item in found:
@@ -85,9 +85,9 @@ def _survey_estimate(found: list[Any], user: Any) -> limits.Estimate:
         for worker in screened_workers(task)[0]:
             total += call_cost(worker, item.task).usd
             runs += 1
-    check_or_refuse(limits.queued_runs_check, user, runs)
-    return limits.Estimate(
-        runs=runs, usd=total.quantize(limits.USD_PLACES), basis="each worker's price for each item's text"
+    check_or_refuse(quotas.queued_runs_check, user, runs)
+    return quotas.Estimate(
+        runs=runs, usd=total.quantize(quotas.USD_PLACES), basis="each worker's price for each item's text"
     )
 
 
@@ -107,14 +107,14 @@ def rollouts_start(
     """Sample K workflows per item of `item_set` from `version` at `temperature` (None: the default for
     its kind of conductor, rollout_temperature); each runs through the engine. `survey`: instead, each
     worker the item's policy allows answers it once (K is ignored). Refused (nothing written) above
-    training.limits' runs per request or the user's queued runs, when the estimate is not the
+    training.quotas' runs per request or the user's queued runs, when the estimate is not the
     `shown_usd` a preview showed, or above the budget `max_usd`."""
     temperature = _temperature(version, temperature)
     if shown_usd is not None or max_usd is not None:
         found_estimate = rollouts_estimate(
             version=version, items=items, k=k, temperature=temperature, item_set=item_set, survey=survey
         )
-        check_or_refuse(limits.estimate_check, found_estimate, shown_usd, max_usd)
+        check_or_refuse(quotas.estimate_check, found_estimate, shown_usd, max_usd)
     resolved = _rollouts_checked(item_set, items, 1 if survey else k, temperature)
     found = resolved.items
     with transaction.atomic():

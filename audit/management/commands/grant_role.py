@@ -9,7 +9,7 @@ from django.db import transaction
 from accounts.models import Role
 from audit import user_events
 from audit.actions import Action
-from audit.roles import token_create, user_set_roles
+from audit.grants import token_create, user_set_roles
 from audit.services import Actor, event_record
 
 ACTOR = Actor.service("grant_role")

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from audit.services import Actor
 from conductor_web import local_model
-from routing.local_model import local_model_register
+from routing.local_pool import local_model_register
 
 
 class Command(BaseCommand):

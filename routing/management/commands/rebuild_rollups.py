@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from routing import rollups
+from routing import folds
 
 
 class Command(BaseCommand):
@@ -13,7 +13,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **o):
         started = time.perf_counter()
-        counts = rollups.rebuild()
+        counts = folds.rebuild()
         took = time.perf_counter() - started
         rows = ", ".join(f"{name} {n:,}" for name, n in counts.items())
         self.stdout.write(f"rollups rebuilt in {took:.1f} s: {rows} rows")

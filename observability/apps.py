@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+
+
+class ObservabilityConfig(AppConfig):
+    """Runs as OpenTelemetry traces and the record's figures on /metrics."""
+
+    name = "observability"
+    verbose_name = "Observability"
+
+    def ready(self) -> None:
+        from routing.signals import run_finished
+
+        from . import telemetry
+
+        # A finished run becomes an OpenTelemetry trace when an OTLP endpoint is set.
+        run_finished.connect(telemetry.on_run_finished, dispatch_uid="observability.telemetry")
