@@ -19,7 +19,7 @@ class ApiToken(models.Model):
 
     The token itself is never stored: only its sha256 (tokens are 256 random bits, not passwords, so
     a fast hash is right) and its first characters (`prefix`, not secret) to tell tokens apart. It is
-    shown once, when made (audit.roles.token_create, which records it). It expires, and may be
+    shown once, when made (audit.grants.token_create, which records it). It expires, and may be
     revoked. Its table keeps the name it was created with, audit_apitoken."""
 
     key_hash = models.CharField(max_length=64, unique=True, help_text="sha256 of the token, hex")

@@ -2,7 +2,7 @@
 ML staff (datasets, training, promotion), admin (everything). A user's roles are the Django groups of
 the same names (superusers are admins); an API token carries one role, at most its user's.
 
-The checks here only read. Granting a role is audit.roles.user_set_roles, recorded by audit."""
+The checks here only read. Granting a role is audit.grants.user_set_roles, recorded by audit."""
 
 from __future__ import annotations
 

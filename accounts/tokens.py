@@ -3,7 +3,7 @@
 A token is "cw_" and 43 URL-safe characters (256 random bits). The database keeps its sha256 and its
 first TOKEN_PREFIX_CHARS characters, never the token: whoever reads the database (a backup, a replica,
 the admin site) cannot use a token they find there. Making and revoking one are audit events
-(audit.roles.token_create, token_revoke)."""
+(audit.grants.token_create, token_revoke)."""
 
 from __future__ import annotations
 
