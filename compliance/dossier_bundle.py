@@ -26,6 +26,7 @@ def _event(event: AuditEvent) -> dict[str, Any]:
 
 
 def _run(run: Run, tree_head: Checkpoint | None) -> dict[str, Any]:
+    # Long because a run's entry is one dict of its proofs and values, read in the order a bundle holds them.
     name = run_chain(run.correlation_id)
     seal = (
         AuditEvent.objects.annotate(sealed_chain=KT("payload__chain"))

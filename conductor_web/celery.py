@@ -114,8 +114,9 @@ def _connections_kept_as_django_keeps_them(task: Any = None, **_kwargs: Any) -> 
 @signals.worker_process_shutdown.connect
 def _send_what_is_queued(**_kwargs) -> None:
     """A pool process that is about to exit sends the live events and the run traces it has queued."""
+    # load order: this module loads before Django's apps
     from observability import telemetry
-    from routing import live_events
+    from routing import live_events  # load order: as above
 
     live_events.flush(5.0)
     telemetry.shutdown()

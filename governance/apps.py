@@ -8,6 +8,7 @@ class GovernanceConfig(AppConfig):
     verbose_name = "Governance"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from audit import verify
 
         from . import (

@@ -8,6 +8,7 @@ class ObservabilityConfig(AppConfig):
     verbose_name = "Observability"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from routing.signals import run_finished
 
         from . import telemetry

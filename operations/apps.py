@@ -9,6 +9,7 @@ class OperationsConfig(AppConfig):
     verbose_name = "Operations"
 
     def ready(self) -> None:
+        # load order: models import only once Django's app registry is ready (AppConfig.ready)
         from audit import verify
 
         from .saved_views import row_check
