@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from accounts.models import Role
-from tests.routing.test_compare import XSS, live_and_shadow
+from tests.operations.test_compare import XSS, live_and_shadow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,7 +22,7 @@ from django.conf import settings
 
 from accounts.models import Role
 from routing import live_events
-from tests.routing.test_live import communicator, session_headers
+from tests.operations.test_live import communicator, session_headers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

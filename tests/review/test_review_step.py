@@ -10,7 +10,7 @@ from accounts.models import Role
 from audit.grants import token_create
 from audit.models import AuditEvent
 from routing.models import Annotation, Step
-from tests.routing.test_review import session, two_runs  # noqa: F401 (a fixture)
+from tests.review.test_review import session, two_runs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
