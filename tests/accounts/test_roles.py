@@ -58,13 +58,25 @@ class Route:
         return f"{self.method} {where}"
 
 
+def _flat(patterns) -> list[URLPattern]:
+    """The patterns of a namespace, with those of the includes inside it that name no namespace of their
+    own (an app's features: operations.urls includes one urls module a feature)."""
+    flat: list[URLPattern] = []
+    for entry in patterns:
+        if isinstance(entry, URLPattern):
+            flat.append(entry)
+        elif not entry.namespace:
+            flat += _flat(entry.url_patterns)
+    return flat
+
+
 def _namespace(namespace: str) -> list[URLPattern]:
     """The patterns of `namespace`, wherever it is included (an app may include two namespaces)."""
     resolvers = [e for e in get_resolver().url_patterns if isinstance(e, URLResolver)]
     while resolvers:
         entry = resolvers.pop(0)
         if entry.namespace == namespace:
-            return [p for p in entry.url_patterns if isinstance(p, URLPattern)]
+            return _flat(entry.url_patterns)
         resolvers += [e for e in entry.url_patterns if isinstance(e, URLResolver)]
     raise AssertionError(f"no URL namespace {namespace!r}")
 
