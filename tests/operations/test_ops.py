@@ -136,7 +136,7 @@ def test_the_queues_count_what_waits_and_the_overview_says_no_worker_is_alive(li
     from django.test import Client
 
     clear_queues()
-    cache.delete("figures.workers_alive")
+    cache.delete("ops.workers_alive")
     for text in ("first", "second"):
         task_submit(submission=TaskSubmission(text=text), source=Task.Source.API)  # sent, never taken
 
@@ -275,11 +275,11 @@ def test_the_overview_pings_only_the_celery_workers_present_and_stops_when_they_
         return ping(*args, **kwargs)
 
     monkeypatch.setattr(current_app.control, "ping", recorded_ping)
-    cache.delete("figures.workers_alive")
+    cache.delete("ops.workers_alive")
     assert figures.workers_alive() == [] and pings == []  # no worker holds its presence: nobody to ask
 
     worker = celery_workers("w1")
     wait_for(lambda: presence.present(), what="the worker's presence lock")
-    cache.delete("figures.workers_alive")
+    cache.delete("ops.workers_alive")
     assert figures.workers_alive() == [f"{worker.name}@{socket.gethostname()}"]
     assert pings == [{"timeout": 0.5, "limit": 1}]
